@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from builder.config import Settings
@@ -22,6 +25,16 @@ BASE_PACKAGES = [
     "build-essential", "debhelper", "dh-dkms", "dkms", "fakeroot", "kmod", "xz-utils",
     "zstd", "ca-certificates", "lintian",
 ]
+
+
+@contextmanager
+def image_lock(settings: Settings, tag: str) -> Iterator[None]:
+    """Serialise the making of one image across threads and processes on this host."""
+    lock_dir = settings.cache_root / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / (tag.replace("/", "_").replace(":", "_") + ".lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def archive_sources(settings: Settings) -> list[str]:
@@ -53,9 +66,16 @@ def ensure_base(settings: Settings, runner: Runner) -> str:
     tag = base_tag(settings)
     if runner.has_image(tag):
         return tag
+    with image_lock(settings, tag):
+        if not runner.has_image(tag):
+            _make_base(settings, runner, tag)
+    return tag
+
+
+def _make_base(settings: Settings, runner: Runner, tag: str) -> None:
     if settings.base_image:
         runner.pull(tag)
-        return tag
+        return
     if shutil.which("mmdebstrap") is None:
         raise Transient("mmdebstrap is not installed", hint="apt-get install mmdebstrap")
     settings.cache_root.mkdir(parents=True, exist_ok=True)
@@ -72,23 +92,39 @@ def ensure_base(settings: Settings, runner: Runner) -> str:
         if proc.returncode != 0:
             raise Transient(f"mmdebstrap failed making {tag}: {proc.stderr.strip()[-2000:]}")
         runner.import_rootfs(rootfs, tag, {"moddeb.kind": "base", "moddeb.suite": settings.suite})
-    return tag
 
 
 def kernel_tag(settings: Settings, kernel_release: str, base: str) -> str:
     """The tag of the builder image for one kernel ABI on top of a base image."""
     key = hashlib.sha256(f"{IMAGE_FORMAT}\n{base}".encode()).hexdigest()[:8]
-    return f"moddeb/kernel:{kernel_release}-{key}"
+    # Docker tags allow [A-Za-z0-9_.-] only; ABIs like 6.12.117+deb12-amd64 carry a "+".
+    return f"moddeb/kernel:{kernel_release.replace('+', '_')}-{key}"
 
 
-def ensure_kernel_image(settings: Settings, runner: Runner, kernel_release: str) -> str:
+def ensure_kernel_image(
+    settings: Settings, runner: Runner, kernel_release: str, suite: str | None = None
+) -> str:
     """Return the per-kernel builder image (base + linux-headers-KVER), making it once."""
     base = ensure_base(settings, runner)
     tag = kernel_tag(settings, kernel_release, base)
     if runner.has_image(tag):
         return tag
+    with image_lock(settings, tag):
+        if not runner.has_image(tag):
+            _make_kernel_image(settings, runner, kernel_release, suite, base, tag)
+    return tag
+
+
+def _make_kernel_image(
+    settings: Settings, runner: Runner, kernel_release: str, suite: str | None, base: str, tag: str
+) -> None:
+    extra = ""
+    if suite and not any(f" {suite} " in line for line in archive_sources(settings)):
+        # A kernel from a suite the base image does not list (backports, say).
+        extra = f"echo 'deb {settings.mirror} {suite} main' > /etc/apt/sources.list.d/{suite}.list\n"
     script = (
         "export DEBIAN_FRONTEND=noninteractive\n"
+        + extra +
         "apt-get update -qq\n"
         f"apt-get install -y -qq --no-install-recommends linux-headers-{kernel_release}\n"
         "apt-get clean\n"
@@ -108,4 +144,3 @@ def ensure_kernel_image(settings: Settings, runner: Runner, kernel_release: str)
             f"(installing linux-headers-{kernel_release} failed)",
             hint=f"see {log_path}",
         )
-    return tag

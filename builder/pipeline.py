@@ -19,6 +19,7 @@ from builder.config import Settings
 from builder.detect import Layout, detect_layout
 from builder.dkms import build_dkms_package, sha256_file
 from builder.errors import ModdebError
+from builder.kernels import KernelInfo
 from builder.runner import Limits, Runner
 from builder.scaffold import write_debian_dir
 from builder.sources import fetch_source
@@ -37,7 +38,7 @@ class BuildRequest:
     name: str | None = None
     version: str | None = None
     modules: list[str] | None = None
-    kernels: list[str] = field(default_factory=list)
+    kernels: list[KernelInfo] = field(default_factory=list)
     out_dir: Path | None = None
     job_id: str = ""
 
@@ -117,6 +118,7 @@ class Pipeline:
             out_dir=str(self.out),
         )
         self.layout: Layout | None = None
+        self.dkms_debs: list[Path] = []
         self.limits = Limits(settings.container_memory, settings.container_pids, settings.step_timeout)
 
     @contextmanager

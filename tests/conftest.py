@@ -1,0 +1,59 @@
+"""Shared fixtures: settings in a throwaway home, and the real Docker engine for integration."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from builder.config import Settings, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+TEST_OWNER = "moddeb-test"
+
+
+def _require(what: str, why: str) -> None:
+    """Skip (printing why) on a developer machine; fail in CI, where every suite must run."""
+    if os.environ.get("MODDEB_REQUIRE_ALL") == "1":
+        pytest.fail(f"{what} is required in CI: {why}")
+    pytest.skip(f"{what} unavailable: {why}")
+
+
+@pytest.fixture(scope="session")
+def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One MODDEB_HOME per test session, so archive indexes are downloaded once."""
+    return tmp_path_factory.mktemp("moddeb-home")
+
+
+@pytest.fixture
+def settings(tmp_path: Path, shared_home: Path) -> Settings:
+    """Settings with work dirs in tmp_path and caches shared across the session."""
+    s = load_settings(env={"MODDEB_HOME": str(tmp_path / "home")})
+    s.home.mkdir(parents=True)
+    (s.home / "cache").symlink_to(shared_home)
+    return s
+
+
+@pytest.fixture(scope="session")
+def runner():
+    """A Runner on the real engine whose containers are labelled and removed after the run."""
+    from builder.runner import Runner
+
+    r = Runner(owner=TEST_OWNER)
+    try:
+        r.client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means no engine
+        _require("a Docker engine", str(exc))
+    yield r
+    r.remove_containers(owner=TEST_OWNER)
+
+
+@pytest.fixture(scope="session")
+def base_image(runner, shared_home: Path) -> str:
+    """moddeb's base builder image, made with mmdebstrap on first use."""
+    from builder import images
+
+    s = load_settings(env={"MODDEB_HOME": str(shared_home)})
+    return images.ensure_base(s, runner)
