@@ -59,7 +59,11 @@ def _strip(rel: str, strip_first: bool) -> str:
 
 
 def extract_tar_stream(
-    fileobj: IO[bytes], dest: Path, *, strip_first: bool = False, limits: TarLimits | None = None,
+    fileobj: IO[bytes],
+    dest: Path,
+    *,
+    strip_first: bool = False,
+    limits: TarLimits | None = None,
     what: str = "archive",
 ) -> list[str]:
     """Extract a tar stream into dest after checking each member; return top-level names."""

@@ -42,7 +42,9 @@ def print_summary(report: BuildReport) -> None:
         width = max(len(k.kernel_release) for k in report.kernels)
         print(f"\n  {'kernel'.ljust(width)}  status   time    diagnosis")
         for k in report.kernels:
-            print(f"  {k.kernel_release.ljust(width)}  {k.status:<7}  {k.duration:6.1f}s  {k.diagnosis}")
+            print(
+                f"  {k.kernel_release.ljust(width)}  {k.status:<7}  {k.duration:6.1f}s  {k.diagnosis}"
+            )
     print(f"report: {Path(report.out_dir) / 'report.json'}")
 
 
@@ -53,8 +55,12 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
 
     kernels = resolve_kernel_args(settings, args.kernel, args.newest, args.all_in_suite)
     request = BuildRequest(
-        source=args.source, ref=args.ref, name=args.name, version=args.version,
-        modules=args.module or None, kernels=kernels,
+        source=args.source,
+        ref=args.ref,
+        name=args.name,
+        version=args.version,
+        modules=args.module or None,
+        kernels=kernels,
         out_dir=Path(args.out) if args.out else None,
     )
     report = Pipeline(settings, request, progress=lambda m: print(m, file=sys.stderr)).run()
@@ -96,18 +102,16 @@ def cmd_images(args: argparse.Namespace, settings: Settings) -> int:
     if args.prune:
         removed = 0
         for row in rows:
-            labels = row["labels"] or {}
-            if args.prune == "all" or labels.get("moddeb.kind") == "kernel":  # type: ignore[union-attr]
-                for tag in row["tags"] or [row["id"]]:  # type: ignore[union-attr]
-                    runner.remove_image(str(tag))
+            if args.prune == "all" or row.labels.get("moddeb.kind") == "kernel":
+                for tag in row.tags or [row.id]:
+                    runner.remove_image(tag)
                     removed += 1
         print(f"removed {removed} image tag(s)")
         return 0
     for row in rows:
-        labels = row["labels"] or {}
-        tags = ",".join(row["tags"]) or row["id"]  # type: ignore[arg-type]
-        size = int(row["size"]) // (1 << 20)  # type: ignore[call-overload]
-        print(f"{tags:<60} {labels.get('moddeb.kind', '?'):<7} {size:>6} MiB")  # type: ignore[union-attr]
+        tags = ",".join(row.tags) or row.id
+        kind = row.labels.get("moddeb.kind", "?")
+        print(f"{tags:<60} {kind:<7} {row.size // (1 << 20):>6} MiB")
     return 0
 
 
@@ -123,12 +127,21 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--name", help="module (source package) name, overriding detection")
     b.add_argument("--version", help="upstream version, overriding detection")
     b.add_argument("--module", action="append", help="a .ko name to package (repeatable)")
-    b.add_argument("--kernel", action="append", default=[], metavar="KVER",
-                   help="kernel ABI to build for, e.g. 6.1.0-57-amd64 (repeatable)")
-    b.add_argument("--newest", action="store_true",
-                   help="build for the newest ABI of each flavour in the suite")
-    b.add_argument("--all-in-suite", metavar="SUITE",
-                   help="build for every ABI the archive suite offers")
+    b.add_argument(
+        "--kernel",
+        action="append",
+        default=[],
+        metavar="KVER",
+        help="kernel ABI to build for, e.g. 6.1.0-57-amd64 (repeatable)",
+    )
+    b.add_argument(
+        "--newest",
+        action="store_true",
+        help="build for the newest ABI of each flavour in the suite",
+    )
+    b.add_argument(
+        "--all-in-suite", metavar="SUITE", help="build for every ABI the archive suite offers"
+    )
     b.add_argument("--out", help="output directory (default: the job's work directory)")
     b.add_argument("--json", action="store_true", help="print report.json instead of a table")
 
@@ -137,8 +150,13 @@ def make_parser() -> argparse.ArgumentParser:
     k.add_argument("--suite", help="only this suite (e.g. bookworm-security)")
     k.add_argument("--json", action="store_true")
     i = sub.add_parser("images", help="list or prune builder images")
-    i.add_argument("--prune", nargs="?", const="kernel", choices=["kernel", "all"],
-                   help="remove per-kernel images (or all moddeb images)")
+    i.add_argument(
+        "--prune",
+        nargs="?",
+        const="kernel",
+        choices=["kernel", "all"],
+        help="remove per-kernel images (or all moddeb images)",
+    )
     return p
 
 

@@ -136,7 +136,9 @@ def load_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settin
         try:
             values.update(tomllib.loads(config_path.read_text(encoding="utf-8")))
         except tomllib.TOMLDecodeError as exc:
-            raise InvalidInput(f"configuration file {config_path} is not valid TOML: {exc}") from None
+            raise InvalidInput(
+                f"configuration file {config_path} is not valid TOML: {exc}"
+            ) from None
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise InvalidInput(f"configuration file {config_path} has unknown settings: {unknown}")
@@ -156,4 +158,6 @@ def load_settings(env: dict[str, str] | None = None, **overrides: Any) -> Settin
 
 def as_dict(settings: Settings) -> dict[str, Any]:
     """Settings as plain values (for `moddeb config` and job records)."""
-    return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()}
+    return {
+        k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()
+    }

@@ -11,7 +11,9 @@ from builder.errors import InvalidInput
 
 PACKAGE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 UPSTREAM_VERSION_RE = re.compile(r"^[0-9][A-Za-z0-9.+~]*$")
-NAME_VERSION_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9_+.]*?)[-_](?P<version>[0-9][A-Za-z0-9.+~]*)$")
+NAME_VERSION_RE = re.compile(
+    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9_+.]*?)[-_](?P<version>[0-9][A-Za-z0-9.+~]*)$"
+)
 MODULE_VERSION_RE = re.compile(r'MODULE_VERSION\s*\(\s*"([^"]+)"\s*\)')
 MODULE_LICENSE_RE = re.compile(r'MODULE_LICENSE\s*\(\s*"([^"]+)"\s*\)')
 OBJ_M_RE = re.compile(r"^\s*obj-(?:m|\$\([A-Za-z0-9_]+\))\s*[:+]?=\s*(.*)$")
@@ -94,7 +96,7 @@ def find_modules(build_dir: Path) -> list[str]:
         if not path.is_file():
             continue
         text = path.read_text(encoding="utf-8", errors="replace").replace("\\\n", " ")
-        variables = {}
+        variables: dict[str, str] = {}
         for line in text.splitlines():
             m = ASSIGN_RE.match(line)
             if m and not m.group(1).startswith("obj"):
@@ -131,8 +133,12 @@ def _license(tree: Path) -> str:
 
 
 def detect_layout(
-    tree: Path, hint: str | None = None, *, name: str | None = None,
-    version: str | None = None, modules: list[str] | None = None,
+    tree: Path,
+    hint: str | None = None,
+    *,
+    name: str | None = None,
+    version: str | None = None,
+    modules: list[str] | None = None,
 ) -> Layout:
     """Inspect a source tree; flags (name, version, modules) override what is found."""
     conf_text = None
@@ -168,14 +174,16 @@ def detect_layout(
     conf_version = conf_version if "$" not in conf_version and "#" not in conf_version else ""
     versions = _module_versions(tree)
     candidate = (
-        version or conf_version or (hint_match.group("version") if hint_match else "")
+        version
+        or conf_version
+        or (hint_match.group("version") if hint_match else "")
         or (versions[0] if len(versions) == 1 else "")
     )
     if not candidate:
         seen = f" (found several: {versions})" if versions else ""
         raise InvalidInput(
             "could not work out the upstream version: looked for PACKAGE_VERSION in dkms.conf, "
-            f"a NAME-VERSION directory or tarball name, and MODULE_VERSION(\"...\") in the source{seen}",
+            f'a NAME-VERSION directory or tarball name, and MODULE_VERSION("...") in the source{seen}',
             hint="pass --version",
         )
     return Layout(

@@ -75,7 +75,12 @@ def first_error_line(log_text: str) -> str:
 
 
 def build_dkms_package(
-    runner: Runner, image: str, pkg_tree: Path, out_dir: Path, log_path: Path, limits: Limits,
+    runner: Runner,
+    image: str,
+    pkg_tree: Path,
+    out_dir: Path,
+    log_path: Path,
+    limits: Limits,
     job_labels: dict[str, str],
 ) -> PackageResult:
     """Build NAME-dkms_VER_all.deb from a scaffolded tree; lintian's verdict comes with it."""
@@ -83,8 +88,11 @@ def build_dkms_package(
     shutil.rmtree(staging, ignore_errors=True)
     script = BUILD_SCRIPT.format(tree=pkg_tree.name, suppressed=",".join(SUPPRESSED_LINTIAN))
     result = runner.run_step(
-        "dkms-package", image, ["/bin/sh", "-ec", script],
-        log_path=log_path, limits=limits,
+        "dkms-package",
+        image,
+        ["/bin/sh", "-ec", script],
+        log_path=log_path,
+        limits=limits,
         inputs={f"/build/{pkg_tree.name}": pkg_tree},
         outputs={"/build/out": staging},
         env={"LC_ALL": "C.UTF-8", "HOME": "/build"},

@@ -22,8 +22,16 @@ log = logging.getLogger(__name__)
 # Bump when what goes into an image changes, so old caches are not reused.
 IMAGE_FORMAT = "3"
 BASE_PACKAGES = [
-    "build-essential", "debhelper", "dh-dkms", "dkms", "fakeroot", "kmod", "xz-utils",
-    "zstd", "ca-certificates", "lintian",
+    "build-essential",
+    "debhelper",
+    "dh-dkms",
+    "dkms",
+    "fakeroot",
+    "kmod",
+    "xz-utils",
+    "zstd",
+    "ca-certificates",
+    "lintian",
 ]
 
 
@@ -82,13 +90,19 @@ def _make_base(settings: Settings, runner: Runner, tag: str) -> None:
     with tempfile.TemporaryDirectory(dir=settings.cache_root) as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
         cmd = [
-            "mmdebstrap", "--variant=minbase", "--quiet",
-            "--aptopt=APT::Install-Recommends \"false\"",
+            "mmdebstrap",
+            "--variant=minbase",
+            "--quiet",
+            '--aptopt=APT::Install-Recommends "false"',
             f"--include={','.join(BASE_PACKAGES)}",
-            settings.suite, str(rootfs), *archive_sources(settings),
+            settings.suite,
+            str(rootfs),
+            *archive_sources(settings),
         ]
         log.info("making base image %s with mmdebstrap", tag)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"})
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"}
+        )
         if proc.returncode != 0:
             raise Transient(f"mmdebstrap failed making {tag}: {proc.stderr.strip()[-2000:]}")
         runner.import_rootfs(rootfs, tag, {"moddeb.kind": "base", "moddeb.suite": settings.suite})
@@ -121,11 +135,11 @@ def _make_kernel_image(
     extra = ""
     if suite and not any(f" {suite} " in line for line in archive_sources(settings)):
         # A kernel from a suite the base image does not list (backports, say).
-        extra = f"echo 'deb {settings.mirror} {suite} main' > /etc/apt/sources.list.d/{suite}.list\n"
+        extra = (
+            f"echo 'deb {settings.mirror} {suite} main' > /etc/apt/sources.list.d/{suite}.list\n"
+        )
     script = (
-        "export DEBIAN_FRONTEND=noninteractive\n"
-        + extra +
-        "apt-get update -qq\n"
+        "export DEBIAN_FRONTEND=noninteractive\n" + extra + "apt-get update -qq\n"
         f"apt-get install -y -qq --no-install-recommends linux-headers-{kernel_release}\n"
         "apt-get clean\n"
         "rm -rf /var/lib/apt/lists/*\n"
@@ -133,10 +147,16 @@ def _make_kernel_image(
     log_path = settings.cache_root / "image-logs" / f"{kernel_release}.log"
     log_path.unlink(missing_ok=True)
     result = runner.commit_step(
-        base, script, tag,
+        base,
+        script,
+        tag,
         {"moddeb.kind": "kernel", "moddeb.kernel": kernel_release, "moddeb.base": base},
-        log_path, Limits(memory=settings.container_memory, pids=settings.container_pids,
-                         timeout=settings.step_timeout),
+        log_path,
+        Limits(
+            memory=settings.container_memory,
+            pids=settings.container_pids,
+            timeout=settings.step_timeout,
+        ),
     )
     if not result.ok:
         raise Transient(

@@ -86,17 +86,22 @@ def read_dkms_deb(path: Path) -> DkmsPackage:
     name = package.removesuffix("-dkms")
     version = control["Version"]
     doc = f"usr/share/doc/{package}"
-    try:
-        changelog_gz = deb.data.get_content(f"./{doc}/changelog.Debian.gz")
-        copyright_text = deb.data.get_content(f"./{doc}/copyright")
-    except (KeyError, debfile.DebError) as exc:
-        raise BuildFailed(f"{path.name} lacks its changelog or copyright: {exc}") from None
+    changelog_gz = deb.data.get_content(f"./{doc}/changelog.Debian.gz")
+    copyright_text = deb.data.get_content(f"./{doc}/copyright")
+    if changelog_gz is None or copyright_text is None:
+        raise BuildFailed(f"{path.name} lacks /{doc}/changelog.Debian.gz or copyright")
     entries = changelog.Changelog(gzip.decompress(changelog_gz).decode("utf-8"), max_blocks=1)
     date = email.utils.parsedate_to_datetime(entries.date)
     return DkmsPackage(
-        path=path, name=name, upstream_version=changelog.Version(version).upstream_version,
-        version=version, maintainer=control["Maintainer"], date_epoch=int(date.timestamp()),
-        changelog_gz=changelog_gz, copyright=copyright_text, sha256=sha256_file(path),
+        path=path,
+        name=name,
+        upstream_version=str(changelog.Version(version).upstream_version),
+        version=version,
+        maintainer=control["Maintainer"],
+        date_epoch=int(date.timestamp()),
+        changelog_gz=changelog_gz,
+        copyright=copyright_text,
+        sha256=sha256_file(path),
     )
 
 
@@ -122,7 +127,11 @@ def _normalise_module(src: Path, dest_dir: Path, compression: str | None) -> Pat
     """Store one module uncompressed, or compressed the way its kernel's modules are."""
     data = src.read_bytes()
     stem = src.name
-    for suffix, tool in ((".xz", ["xz", "-dc"]), (".zst", ["zstd", "-dcq"]), (".gz", ["gzip", "-dc"])):
+    for suffix, tool in (
+        (".xz", ["xz", "-dc"]),
+        (".zst", ["zstd", "-dcq"]),
+        (".gz", ["gzip", "-dc"]),
+    ):
         if stem.endswith(suffix):
             data = subprocess.run(tool, input=data, capture_output=True, check=True).stdout
             stem = stem.removesuffix(suffix)
@@ -136,8 +145,13 @@ def _normalise_module(src: Path, dest_dir: Path, compression: str | None) -> Pat
 
 
 def assemble_deb(
-    settings: Settings, pkg: DkmsPackage, kernel: KernelInfo, modules: list[Path],
-    compression: str | None, out_dir: Path, arch: str,
+    settings: Settings,
+    pkg: DkmsPackage,
+    kernel: KernelInfo,
+    modules: list[Path],
+    compression: str | None,
+    out_dir: Path,
+    arch: str,
 ) -> Path:
     """Lay out and build NAME-modules-KVER_VER_ARCH.deb reproducibly with dpkg-deb."""
     templates = settings.templates_dir / "modules"
@@ -153,11 +167,18 @@ def assemble_deb(
         doc.mkdir(parents=True)
         (doc / "changelog.Debian.gz").write_bytes(pkg.changelog_gz)
         (doc / "copyright").write_bytes(pkg.copyright)
-        installed_kib = sum((p.stat().st_size + 1023) // 1024 for p in root.rglob("*") if p.is_file())
+        installed_kib = sum(
+            (p.stat().st_size + 1023) // 1024 for p in root.rglob("*") if p.is_file()
+        )
         values = {
-            "package": package, "source_package": pkg.name, "name": pkg.name,
-            "version": pkg.version, "arch": arch, "maintainer": pkg.maintainer,
-            "installed_size": str(installed_kib), "kernel_release": kver,
+            "package": package,
+            "source_package": pkg.name,
+            "name": pkg.name,
+            "version": pkg.version,
+            "arch": arch,
+            "maintainer": pkg.maintainer,
+            "installed_size": str(installed_kib),
+            "kernel_release": kver,
         }
         debian_dir = root / "DEBIAN"
         debian_dir.mkdir()
@@ -172,21 +193,30 @@ def assemble_deb(
             path.write_text(render((templates / f"{script}.in").read_text(), values))
             path.chmod(0o755)
         sums = []
-        for path in sorted(p for p in root.rglob("*") if p.is_file() and debian_dir not in p.parents):
+        for path in sorted(
+            p for p in root.rglob("*") if p.is_file() and debian_dir not in p.parents
+        ):
             digest = hashlib.md5(path.read_bytes()).hexdigest()  # noqa: S324 - dpkg's format
             sums.append(f"{digest}  {path.relative_to(root)}\n")
         (debian_dir / "md5sums").write_text("".join(sums))
         for path in root.rglob("*"):
             if not path.is_symlink():
-                path.chmod(0o755 if path.is_dir() or path.parent == debian_dir and
-                           path.name in ("postinst", "postrm") else 0o644)
+                path.chmod(
+                    0o755
+                    if path.is_dir()
+                    or path.parent == debian_dir
+                    and path.name in ("postinst", "postrm")
+                    else 0o644
+                )
             os.utime(path, (pkg.date_epoch, pkg.date_epoch), follow_symlinks=False)
         os.utime(root, (pkg.date_epoch, pkg.date_epoch))
         target = out_dir / deb_filename(pkg.name, kver, pkg.version, arch)
         env = {**os.environ, "SOURCE_DATE_EPOCH": str(pkg.date_epoch)}
         proc = subprocess.run(
             ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(target)],
-            capture_output=True, text=True, env=env,
+            capture_output=True,
+            text=True,
+            env=env,
         )
         if proc.returncode != 0:
             raise BuildFailed(f"dpkg-deb failed for {package}: {proc.stderr.strip()}")
@@ -200,8 +230,13 @@ def cache_key(pkg: DkmsPackage, kernel: KernelInfo, image_id: str, arch: str) ->
 
 
 def build_kernel_package(
-    settings: Settings, runner: Runner, dkms_deb: Path, kernel: KernelInfo, out_dir: Path,
-    log_dir: Path, labels: dict[str, str] | None = None,
+    settings: Settings,
+    runner: Runner,
+    dkms_deb: Path,
+    kernel: KernelInfo,
+    out_dir: Path,
+    log_dir: Path,
+    labels: dict[str, str] | None = None,
 ) -> KernelResult:
     """Build NAME-modules-KVER from a -dkms .deb for one kernel; failures become a diagnosis."""
     kver = kernel.kernel_release
@@ -218,8 +253,18 @@ def build_kernel_package(
         if (cached / "result.json").is_file():
             _restore(cached, out_dir, result)
             return result
-        _build(settings, runner, pkg, kernel, image, out_dir, Path(result.log_path), arch,
-               result, labels or {})
+        _build(
+            settings,
+            runner,
+            pkg,
+            kernel,
+            image,
+            out_dir,
+            Path(result.log_path),
+            arch,
+            result,
+            labels or {},
+        )
         _store(cached, out_dir, result)
     except ModdebError as exc:
         result.status, result.diagnosis = "failed", str(exc)
@@ -232,8 +277,16 @@ def build_kernel_package(
 
 
 def _build(
-    settings: Settings, runner: Runner, pkg: DkmsPackage, kernel: KernelInfo, image: str,
-    out_dir: Path, log_path: Path, arch: str, result: KernelResult, labels: dict[str, str],
+    settings: Settings,
+    runner: Runner,
+    pkg: DkmsPackage,
+    kernel: KernelInfo,
+    image: str,
+    out_dir: Path,
+    log_path: Path,
+    arch: str,
+    result: KernelResult,
+    labels: dict[str, str],
 ) -> None:
     kver = kernel.kernel_release
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,15 +297,25 @@ def _build(
         shutil.copyfile(pkg.path, inbox / pkg.path.name)
         script = DKMS_SCRIPT.format(name=pkg.name, upstream=pkg.upstream_version, kver=kver)
         step = runner.run_step(
-            f"dkms-build-{kver}", image, ["/bin/sh", "-ec", script], log_path=log_path,
-            limits=Limits(settings.container_memory, settings.container_pids, settings.step_timeout),
-            inputs={"/build/in": inbox}, outputs={"/build/out": outbox},
-            env={"LC_ALL": "C.UTF-8"}, labels={**labels, "moddeb.kernel": kver},
+            f"dkms-build-{kver}",
+            image,
+            ["/bin/sh", "-ec", script],
+            log_path=log_path,
+            limits=Limits(
+                settings.container_memory, settings.container_pids, settings.step_timeout
+            ),
+            inputs={"/build/in": inbox},
+            outputs={"/build/out": outbox},
+            env={"LC_ALL": "C.UTF-8"},
+            labels={**labels, "moddeb.kernel": kver},
         )
         result.timings["build"] = round(step.duration, 3)
         if not step.ok:
-            why = (f"timed out after {settings.step_timeout}s" if step.timed_out
-                   else first_error_line(log_path.read_text(encoding="utf-8", errors="replace")))
+            why = (
+                f"timed out after {settings.step_timeout}s"
+                if step.timed_out
+                else first_error_line(log_path.read_text(encoding="utf-8", errors="replace"))
+            )
             raise BuildFailed(why)
         modules = sorted((outbox / "modules").glob("*.ko*"))
         if not modules:
@@ -303,7 +366,12 @@ def build_kernels(pipeline: Pipeline) -> None:
         kernel = req.kernels[index]
         pipeline.progress(f"[{req.job_id}] {kernel.kernel_release}: building")
         res = build_kernel_package(
-            settings, pipeline.runner, dkms_deb, kernel, pipeline.out, pipeline.logs,
+            settings,
+            pipeline.runner,
+            dkms_deb,
+            kernel,
+            pipeline.out,
+            pipeline.logs,
             {"moddeb.job": req.job_id},
         )
         results[index] = res

@@ -102,7 +102,10 @@ class Pipeline:
     """Runs one BuildRequest stage by stage; each stage has its own error boundary."""
 
     def __init__(
-        self, settings: Settings, request: BuildRequest, runner: Runner | None = None,
+        self,
+        settings: Settings,
+        request: BuildRequest,
+        runner: Runner | None = None,
         progress: Progress | None = None,
     ) -> None:
         self.settings = settings
@@ -114,12 +117,16 @@ class Pipeline:
         self.out = (request.out_dir or self.work / "out").resolve()
         self.logs = self.work / "logs"
         self.report = BuildReport(
-            job_id=request.job_id, source=request.source, work_dir=str(self.work),
+            job_id=request.job_id,
+            source=request.source,
+            work_dir=str(self.work),
             out_dir=str(self.out),
         )
         self.layout: Layout | None = None
         self.dkms_debs: list[Path] = []
-        self.limits = Limits(settings.container_memory, settings.container_pids, settings.step_timeout)
+        self.limits = Limits(
+            settings.container_memory, settings.container_pids, settings.step_timeout
+        )
 
     @contextmanager
     def stage(self, name: str) -> Iterator[StageRecord]:
@@ -136,8 +143,13 @@ class Pipeline:
             raise
         finally:
             record.duration = round(time.monotonic() - started, 3)
-            log.info("job %s stage %s: %s in %.1fs", self.request.job_id, name, record.status,
-                     record.duration)
+            log.info(
+                "job %s stage %s: %s in %.1fs",
+                self.request.job_id,
+                name,
+                record.status,
+                record.duration,
+            )
 
     def run(self) -> BuildReport:
         """Run every stage; a failure is recorded in the report, which is always written."""
@@ -158,7 +170,9 @@ class Pipeline:
         req, s = self.request, self.settings
         with self.stage("fetch"):
             fetched = fetch_source(
-                req.source, self.work / "source", TarLimits(s.max_archive_bytes, s.max_archive_files),
+                req.source,
+                self.work / "source",
+                TarLimits(s.max_archive_bytes, s.max_archive_files),
                 ref=req.ref,
             )
             self.report.origin = fetched.origin
@@ -169,27 +183,41 @@ class Pipeline:
             self.layout = layout
             self.report.name, self.report.upstream_version = layout.name, layout.upstream_version
             self.report.layout = {
-                "style": layout.style, "build_dir": layout.build_dir, "modules": layout.modules,
+                "style": layout.style,
+                "build_dir": layout.build_dir,
+                "modules": layout.modules,
                 "own_dkms_conf": layout.dkms_conf is not None,
             }
         with self.stage("scaffold"):
             pkg_tree = self.work / "pkg" / f"{layout.name}-{layout.upstream_version}"
             shutil.copytree(fetched.tree, pkg_tree, symlinks=True)
             self.report.version = write_debian_dir(
-                pkg_tree, layout, templates=s.templates_dir, maintainer=s.maintainer,
-                distribution=s.distribution, revision=s.debian_revision, origin=fetched.origin,
+                pkg_tree,
+                layout,
+                templates=s.templates_dir,
+                maintainer=s.maintainer,
+                distribution=s.distribution,
+                revision=s.debian_revision,
+                origin=fetched.origin,
                 date_epoch=fetched.date_epoch,
             )
         with self.stage("image"):
             base = images.ensure_base(s, self.runner)
         with self.stage("dkms-package"):
             result = build_dkms_package(
-                self.runner, base, pkg_tree, self.out, self.logs / "dkms-package.log", self.limits,
+                self.runner,
+                base,
+                pkg_tree,
+                self.out,
+                self.logs / "dkms-package.log",
+                self.limits,
                 {"moddeb.job": req.job_id},
             )
             for deb in result.debs:
                 self.report.artifacts[deb.name] = sha256_file(deb)
-            self.report.lintian[f"{layout.name}-dkms"] = result.lintian_errors + result.lintian_warnings
+            self.report.lintian[f"{layout.name}-dkms"] = (
+                result.lintian_errors + result.lintian_warnings
+            )
         self.dkms_debs = result.debs
         if req.kernels:
             self._build_kernels()

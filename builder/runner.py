@@ -43,6 +43,17 @@ class StepResult:
 
 
 @dataclass
+class ImageInfo:
+    """One image moddeb made."""
+
+    id: str
+    tags: list[str]
+    labels: dict[str, str]
+    size: int
+    created: str
+
+
+@dataclass
 class Limits:
     """Resource limits for one container."""
 
@@ -125,29 +136,37 @@ class Runner:
             raise Transient(f"cannot pull image {ref}: {exc.explanation or exc}") from None
 
     def commit_step(
-        self, image: str, script: str, tag: str, labels: dict[str, str], log_path: Path,
+        self,
+        image: str,
+        script: str,
+        tag: str,
+        labels: dict[str, str],
+        log_path: Path,
         limits: Limits,
     ) -> StepResult:
         """Run a trusted preparation script with network, then save the result as `tag`."""
         return self._run(
-            "prepare", image, ["/bin/sh", "-ec", script], log_path=log_path, limits=limits,
-            network=True, commit=(tag, labels),
+            "prepare",
+            image,
+            ["/bin/sh", "-ec", script],
+            log_path=log_path,
+            limits=limits,
+            network=True,
+            commit=(tag, labels),
         )
 
-    def list_images(self) -> list[dict[str, object]]:
-        """Every image moddeb made, with tag, labels, size and creation time."""
-        rows = []
-        for img in self.client.images.list(filters={"label": f"{LABEL}=1"}):
-            rows.append(
-                {
-                    "id": img.short_id,
-                    "tags": img.tags,
-                    "labels": img.labels,
-                    "size": img.attrs.get("Size", 0),
-                    "created": img.attrs.get("Created", ""),
-                }
+    def list_images(self) -> list[ImageInfo]:
+        """Every image moddeb made, with tags, labels, size and creation time."""
+        return [
+            ImageInfo(
+                img.short_id,
+                list(img.tags),
+                dict(img.labels or {}),
+                int(img.attrs.get("Size", 0)),
+                str(img.attrs.get("Created", "")),
             )
-        return rows
+            for img in self.client.images.list(filters={"label": f"{LABEL}=1"})
+        ]
 
     def remove_image(self, tag: str) -> None:
         """Delete one image (refuses images a container still uses)."""
@@ -170,8 +189,17 @@ class Runner:
     ) -> StepResult:
         """Run an untrusted step with no network; push `inputs`, pull `outputs` after it ends."""
         return self._run(
-            name, image, command, log_path=log_path, limits=limits, network=False,
-            inputs=inputs, outputs=outputs, env=env, workdir=workdir, labels=labels,
+            name,
+            image,
+            command,
+            log_path=log_path,
+            limits=limits,
+            network=False,
+            inputs=inputs,
+            outputs=outputs,
+            env=env,
+            workdir=workdir,
+            labels=labels,
         )
 
     def _run(
@@ -234,7 +262,9 @@ class Runner:
             if result.ok and commit:
                 tag, commit_labels = commit
                 repo, _, version = tag.partition(":")
-                changes = [f'LABEL {k}="{v}"' for k, v in {**self.labels(), **commit_labels}.items()]
+                changes = [
+                    f'LABEL {k}="{v}"' for k, v in {**self.labels(), **commit_labels}.items()
+                ]
                 changes.append('CMD ["/bin/bash"]')
                 container.commit(repository=repo, tag=version or "latest", changes=changes)
             log.info("step %s in %s: exit %s after %.1fs", name, image, exit_code, duration)
@@ -254,7 +284,7 @@ class Runner:
         """Copy a directory out of a stopped container, refusing anything unsafe in it."""
         stream, _ = container.get_archive(src)  # type: ignore[attr-defined]
         dest.mkdir(parents=True, exist_ok=True)
-        extract_tar_stream(_ChunkReader(stream), dest, strip_first=True)
+        extract_tar_stream(_ChunkReader(stream), dest, strip_first=True)  # type: ignore[arg-type]
 
     def remove_containers(self, owner: str | None = None) -> int:
         """Remove every container moddeb made (or only one owner's); return how many."""

@@ -62,12 +62,12 @@ def license_text(module_license: str) -> str:
     if "GPL" in module_license:
         return (
             "GPL-2\n"
-            f" The module declares MODULE_LICENSE(\"{module_license}\").\n"
+            f' The module declares MODULE_LICENSE("{module_license}").\n'
             " .\n"
             " On Debian systems, the complete text of the GNU General Public License\n"
             " version 2 can be found in '/usr/share/common-licenses/GPL-2'."
         )
-    return f"other\n The module declares MODULE_LICENSE(\"{module_license}\"); see the source."
+    return f'other\n The module declares MODULE_LICENSE("{module_license}"); see the source.'
 
 
 def dkms_conf(layout: Layout, templates: Path) -> str:
@@ -100,7 +100,9 @@ def dkms_conf(layout: Layout, templates: Path) -> str:
             f'M=${{dkms_tree}}/${{PACKAGE_NAME}}/${{PACKAGE_VERSION}}/build/{layout.build_dir} clean"'
         )
     values = {"name": layout.name, "upstream_version": layout.upstream_version}
-    return render((templates / "dkms.conf.in").read_text(), {**values, "module_lines": "\n".join(lines)})
+    return render(
+        (templates / "dkms.conf.in").read_text(), {**values, "module_lines": "\n".join(lines)}
+    )
 
 
 def _control(templates: Path, values: Mapping[str, str]) -> str:
@@ -114,8 +116,14 @@ def _control(templates: Path, values: Mapping[str, str]) -> str:
     return "\n".join(paragraphs)
 
 
-def _changelog(layout: Layout, version: str, values: Mapping[str, str], date_epoch: int,
-               distribution: str, entry: str) -> str:
+def _changelog(
+    layout: Layout,
+    version: str,
+    values: Mapping[str, str],
+    date_epoch: int,
+    distribution: str,
+    entry: str,
+) -> str:
     log = changelog.Changelog()
     log.new_block(
         package=layout.source_package,
@@ -132,8 +140,15 @@ def _changelog(layout: Layout, version: str, values: Mapping[str, str], date_epo
 
 
 def write_debian_dir(
-    tree: Path, layout: Layout, *, templates: Path, maintainer: str, distribution: str,
-    revision: str, origin: str, date_epoch: int,
+    tree: Path,
+    layout: Layout,
+    *,
+    templates: Path,
+    maintainer: str,
+    distribution: str,
+    revision: str,
+    origin: str,
+    date_epoch: int,
 ) -> str:
     """Write tree/debian/ for a -dkms package; return the Debian version."""
     check_maintainer(maintainer)

@@ -82,7 +82,9 @@ def _check_tree(root: Path, limits: TarLimits) -> int:
 
 def _copy_dir(src: Path, dest: Path) -> None:
     shutil.copytree(
-        src, dest, symlinks=True,
+        src,
+        dest,
+        symlinks=True,
         ignore=lambda d, names: [n for n in names if n in SKIPPED_DIRS and Path(d) == src],
     )
 
@@ -100,7 +102,9 @@ def _git(args: list[str], cwd: Path | None = None) -> str:
     return proc.stdout.strip()
 
 
-def fetch_source(source: str, dest: Path, limits: TarLimits, ref: str | None = None) -> FetchedSource:
+def fetch_source(
+    source: str, dest: Path, limits: TarLimits, ref: str | None = None
+) -> FetchedSource:
     """Bring SOURCE into dest (which must not exist yet); on any error dest is removed."""
     kind = describe_kind(source)
     if ref and kind != "git":
