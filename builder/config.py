@@ -84,6 +84,15 @@ class Settings:
     templates_dir: Path = field(
         default_factory=lambda: Path(__file__).resolve().parent.parent / "debian-templates"
     )
+    # The apt repository (builder/repo.py). repo_dir "" means <home>/repo.
+    repo_dir: str = ""
+    repo_keep_versions: int = 3
+    repo_keep_generations: int = 3
+    repo_architectures: str = "amd64"
+    repo_valid_days: int = 0
+    repo_origin: str = "moddeb"
+    repo_label: str = "moddeb"
+    repo_key_algo: str = "ed25519"
 
     @property
     def work_root(self) -> Path:
