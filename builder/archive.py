@@ -89,7 +89,10 @@ def extract_tar_stream(
             info.name = target
             if info.islnk():
                 info.linkname = _strip(_member_path(info.linkname, what), strip_first)
-            tar.extract(info, dest, filter="data")
+            if hasattr(tarfile, "data_filter"):  # PEP 706, as a second line of defence
+                tar.extract(info, dest, filter="data")
+            else:
+                tar.extract(info, dest)
     return tops
 
 

@@ -32,6 +32,7 @@ class Layout:
     modules: list[str] = field(default_factory=list)  # .ko basenames without suffix
     dkms_conf: str | None = None  # the source's own dkms.conf, respected as given
     license: str = "GPL"
+    copyrights: list[str] = field(default_factory=list)  # notices found in the source
 
     @property
     def source_package(self) -> str:
@@ -124,6 +125,27 @@ def _module_versions(tree: Path) -> list[str]:
     return found
 
 
+COPYRIGHT_RE = re.compile(
+    r"Copyright\s*(?:\([cC]\)|\u00a9)?\s*((?:\d{4}[-, \d]*)\s*[^*\n]*?)\s*(?:\*/)?$"
+)
+
+
+def find_copyrights(tree: Path, limit: int = 8) -> list[str]:
+    """Copyright notices ("Copyright (C) 2024 Jane Doe") found in sources and docs."""
+    found: list[str] = []
+    files = sorted(tree.rglob("*.[ch]")) + [
+        p for p in (tree / "COPYING", tree / "README") if p.is_file()
+    ]
+    for path in files:
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines()[:60]:
+            m = COPYRIGHT_RE.search(line)
+            if m and m.group(1).strip() and m.group(1).strip() not in found:
+                found.append(m.group(1).strip())
+                if len(found) >= limit:
+                    return found
+    return found
+
+
 def _license(tree: Path) -> str:
     for c_file in sorted(tree.rglob("*.c")):
         m = MODULE_LICENSE_RE.search(c_file.read_text(encoding="utf-8", errors="replace"))
@@ -168,7 +190,9 @@ def detect_layout(
             "NAME-VERSION directory or tarball name, and a single obj-m module",
             hint="pass --name",
         )
-    final_name = validate_name(candidate.lower().replace("_", "-"))
+    # A name the user typed is taken as given; detected ones (module names such as
+    # "my_mod") are made into Debian package names.
+    final_name = validate_name(name if name else candidate.lower().replace("_", "-"))
 
     conf_version = conf.get("PACKAGE_VERSION", "")
     conf_version = conf_version if "$" not in conf_version and "#" not in conf_version else ""
@@ -194,6 +218,7 @@ def detect_layout(
         modules=found_modules,
         dkms_conf=conf_text,
         license=_license(tree),
+        copyrights=find_copyrights(tree),
     )
 
 

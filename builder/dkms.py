@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -33,6 +35,7 @@ class PackageResult:
     lintian_warnings: list[str] = field(default_factory=list)
     log_path: Path | None = None
     duration: float = 0.0
+    cached: bool = False
 
 
 def sha256_file(path: Path) -> str:
@@ -74,6 +77,28 @@ def first_error_line(log_text: str) -> str:
     return tail[-1][:300] if tail else "no output"
 
 
+# Bump when the -dkms build changes, so cached packages are rebuilt.
+DKMS_FORMAT = "1"
+
+
+def tree_digest(root: Path) -> str:
+    """A digest of a tree's paths, modes, symlink targets and contents, in a stable order."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(Path(dirpath) / d)]):
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            st = path.lstat()
+            h.update(f"{rel}\0{st.st_mode:o}\0".encode())
+            if path.is_symlink():
+                h.update(os.readlink(path).encode())
+            else:
+                h.update(sha256_file(path).encode())
+            h.update(b"\0")
+    return h.hexdigest()
+
+
 def build_dkms_package(
     runner: Runner,
     image: str,
@@ -82,8 +107,63 @@ def build_dkms_package(
     log_path: Path,
     limits: Limits,
     job_labels: dict[str, str],
+    cache_root: Path | None = None,
 ) -> PackageResult:
-    """Build NAME-dkms_VER_all.deb from a scaffolded tree; lintian's verdict comes with it."""
+    """Build NAME-dkms_VER_all.deb from a scaffolded tree; lintian's verdict comes with it.
+
+    An unchanged tree on an unchanged image is a cache hit: no container starts.
+    """
+    cached = None
+    if cache_root is not None:
+        key = hashlib.sha256(
+            f"{DKMS_FORMAT}\n{runner.image_id(image)}\n{tree_digest(pkg_tree)}".encode()
+        ).hexdigest()
+        cached = cache_root / "dkms" / key
+        if (cached / "meta.json").is_file():
+            return _restore(cached, out_dir)
+    result = _build(runner, image, pkg_tree, out_dir, log_path, limits, job_labels)
+    if cached is not None:
+        _store(cached, result)
+    return result
+
+
+def _store(cached: Path, result: PackageResult) -> None:
+    tmp = cached.with_name(cached.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for deb in result.debs:
+        shutil.copyfile(deb, tmp / deb.name)
+    meta = {
+        "debs": {d.name: sha256_file(d) for d in result.debs},
+        "lintian_errors": result.lintian_errors,
+        "lintian_warnings": result.lintian_warnings,
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(cached, ignore_errors=True)
+    tmp.rename(cached)
+
+
+def _restore(cached: Path, out_dir: Path) -> PackageResult:
+    meta = json.loads((cached / "meta.json").read_text())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    debs = []
+    for name, digest in sorted(meta["debs"].items()):
+        if sha256_file(cached / name) != digest:
+            raise BuildFailed(f"cached package {name} is corrupt; remove {cached}")
+        shutil.copyfile(cached / name, out_dir / name)
+        debs.append(out_dir / name)
+    return PackageResult(debs, meta["lintian_errors"], meta["lintian_warnings"], cached=True)
+
+
+def _build(
+    runner: Runner,
+    image: str,
+    pkg_tree: Path,
+    out_dir: Path,
+    log_path: Path,
+    limits: Limits,
+    job_labels: dict[str, str],
+) -> PackageResult:
     staging = out_dir.parent / "dkms-out"
     shutil.rmtree(staging, ignore_errors=True)
     script = BUILD_SCRIPT.format(tree=pkg_tree.name, suppressed=",".join(SUPPRESSED_LINTIAN))

@@ -65,6 +65,7 @@ class StageRecord:
     duration: float = 0.0
     error_code: str = ""
     error: str = ""
+    cached: bool = False
 
 
 @dataclass
@@ -203,7 +204,7 @@ class Pipeline:
             )
         with self.stage("image"):
             base = images.ensure_base(s, self.runner)
-        with self.stage("dkms-package"):
+        with self.stage("dkms-package") as stage:
             result = build_dkms_package(
                 self.runner,
                 base,
@@ -212,7 +213,9 @@ class Pipeline:
                 self.logs / "dkms-package.log",
                 self.limits,
                 {"moddeb.job": req.job_id},
+                cache_root=s.cache_root,
             )
+            stage.cached = result.cached
             for deb in result.debs:
                 self.report.artifacts[deb.name] = sha256_file(deb)
             self.report.lintian[f"{layout.name}-dkms"] = (

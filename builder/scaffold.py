@@ -5,6 +5,7 @@ from __future__ import annotations
 import email.utils
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 
 from debian import changelog, deb822
@@ -131,7 +132,7 @@ def _changelog(
         distributions=distribution,
         urgency="medium",
         author=values["maintainer"],
-        date=email.utils.formatdate(date_epoch, usegmt=False, localtime=False),
+        date=email.utils.format_datetime(datetime.fromtimestamp(date_epoch, UTC)),
     )
     log.add_change("")
     log.add_change(f"  * {entry}")
@@ -164,6 +165,7 @@ def write_debian_dir(
         "maintainer": maintainer,
         "origin": origin,
         "license": license_text(layout.license),
+        "copyright": "\n ".join(layout.copyrights) or f"the {layout.name} upstream authors",
         "version": version,
     }
     debian = tree / "debian"

@@ -132,7 +132,7 @@ def _fetch(kind: str, source: str, dest: Path, limits: TarLimits, ref: str | Non
         newest = _check_tree(src, limits)
         tree = dest / src.name
         _copy_dir(src, tree)
-        return FetchedSource(tree, src.name, newest, f"directory {src}")
+        return FetchedSource(tree, src.name, newest, f"directory {src.name}")
     if kind == "tar":
         staging = dest / "unpacked"
         extract_tar_file(Path(source), staging, limits)
