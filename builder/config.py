@@ -93,6 +93,17 @@ class Settings:
     repo_origin: str = "moddeb"
     repo_label: str = "moddeb"
     repo_key_algo: str = "ed25519"
+    # The build service (web/, builder/tasks.py, builder/store.py). An empty URL means the
+    # embedded default: SQLite files under <home>/state, no server needed.
+    database_url: str = ""
+    broker_url: str = ""
+    secret_key: str = ""  # "" means a random key kept in <home>/state/secret_key
+    listen_address: str = "127.0.0.1"
+    listen_port: int = 8080
+    public_url: str = ""  # how apt clients reach /apt/; "" means the URL a request came in on
+    web_workers: int = 2
+    max_upload_bytes: int = 64 * 1024 * 1024
+    visibility_timeout: int = 0  # seconds; 0 means derived from step_timeout (see store.py)
 
     @property
     def work_root(self) -> Path:

@@ -59,11 +59,11 @@ def first_error_line(log_text: str) -> str:
     patterns = [
         r"^(?:\S+/)?([^/\s:]+\.[ch]):(\d+):\d+: (?:fatal )?error: (.*)$",
         r"^ERROR: modpost: (.*)$",
+        r"^make(?:\[\d+\])?: \*\*\* (.*)$",
         r"^dpkg-checkbuilddeps: error: (.*)$",
         r"^dpkg-buildpackage: error: (.*)$",
         r"^(?:dh_\w+|dpkg-\w+): error: (.*)$",
         r"^Error! (.*)$",
-        r"^make(?:\[\d+\])?: \*\*\* (.*)$",
     ]
     lines = log_text.splitlines()
     for pat in patterns:

@@ -114,6 +114,14 @@ def _write(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+def _replace(path: Path, data: bytes) -> None:
+    """Replace a file so a reader (or a crash) sees the old content or the new, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    _write(tmp, data)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -165,9 +173,16 @@ def inspect_deb(path: Path) -> dict[str, Any]:
     stanza["MD5sum"] = md5.hexdigest()
     stanza["SHA256"] = sha.hexdigest()
     return {
-        "filename": filename, "package": package, "version": version, "arch": arch,
-        "source": source, "size": size, "md5": md5.hexdigest(), "sha256": sha.hexdigest(),
-        "stanza": stanza.dump(), "path": str(path),
+        "filename": filename,
+        "package": package,
+        "version": version,
+        "arch": arch,
+        "source": source,
+        "size": size,
+        "md5": md5.hexdigest(),
+        "sha256": sha.hexdigest(),
+        "stanza": stanza.dump(),
+        "path": str(path),
     }
 
 
@@ -226,8 +241,15 @@ def plan_metapackages(entries: Iterable[dict[str, Any]]) -> list[MetaPlan]:
         if key not in newest or compare_abis(abi, newest[key][0]) > 0:
             newest[key] = (abi, e["package"])
     return [
-        MetaPlan(f"{name}-modules-{flavour}", meta_version(abi), arch, package, name, flavour,
-                 f"{abi}-{flavour}")
+        MetaPlan(
+            f"{name}-modules-{flavour}",
+            meta_version(abi),
+            arch,
+            package,
+            name,
+            flavour,
+            f"{abi}-{flavour}",
+        )
         for (name, flavour, arch), (abi, package) in sorted(newest.items())
     ]
 
@@ -265,9 +287,13 @@ def build_metapackage(settings: Settings, plan: MetaPlan, suite: str, out_dir: P
     )
     entry = "\n".join(
         "    " + ln if i else "  * " + ln
-        for i, ln in enumerate(_wrap(
-            f"Depend on {plan.depends}, the {plan.module} modules for the newest "
-            f"{plan.flavour} kernel ABI in {suite}.", 70))
+        for i, ln in enumerate(
+            _wrap(
+                f"Depend on {plan.depends}, the {plan.module} modules for the newest "
+                f"{plan.flavour} kernel ABI in {suite}.",
+                70,
+            )
+        )
     )
     changelog = (
         f"{plan.package} ({plan.version}) {suite}; urgency=medium\n\n{entry}\n\n"
@@ -296,9 +322,16 @@ def build_metapackage(settings: Settings, plan: MetaPlan, suite: str, out_dir: P
     control["Priority"] = "optional"
     control["Description"] = (
         f"{plan.module} kernel modules for the newest {plan.flavour} kernel\n"
-        + "\n".join(long_desc)
+        + "\n".join(" " + line for line in long_desc)
     )
     (tree / "DEBIAN/control").write_text(control.dump(), encoding="utf-8")
+    (tree / "DEBIAN/md5sums").write_text(
+        "".join(
+            f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(tree)}\n"
+            for p in sorted(files)
+        ),
+        encoding="utf-8",
+    )
     for p in [tree, *tree.rglob("*")]:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
         os.utime(p, (now.timestamp(), now.timestamp()))
@@ -306,7 +339,9 @@ def build_metapackage(settings: Settings, plan: MetaPlan, suite: str, out_dir: P
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(int(now.timestamp())), "LC_ALL": "C"}
     proc = subprocess.run(
         ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(deb)],
-        capture_output=True, text=True, env=env,
+        capture_output=True,
+        text=True,
+        env=env,
     )
     if proc.returncode != 0:
         raise PublishFailed(f"could not build {plan.package}: {proc.stderr.strip()}")
@@ -365,10 +400,7 @@ class Repository:
 
     def _save_state(self, state: dict[str, Any]) -> None:
         state["pending_deletes"] = sorted(set(state["pending_deletes"]) - set(state["pool"]))
-        tmp = self.state_path.with_name(f"state.json.{os.getpid()}.tmp")
-        _write(tmp, json.dumps(state, separators=(",", ":")).encode())
-        os.replace(tmp, self.state_path)
-        _fsync_dir(self.control_dir)
+        _replace(self.state_path, json.dumps(state, separators=(",", ":")).encode())
 
     def _live(self, suite: str) -> str | None:
         """The generation dists/SUITE points at, or None."""
@@ -397,12 +429,18 @@ class Repository:
             state = self._load_state()
             self._recover(state, fpr)
             with tempfile.TemporaryDirectory(dir=self.control_dir, prefix="tmp-") as tmp:
-                return self._publish_locked(state, suite, list(seen.values()), fpr, refresh,
-                                            Path(tmp))
+                return self._publish_locked(
+                    state, suite, list(seen.values()), fpr, refresh, Path(tmp)
+                )
 
     def _publish_locked(
-        self, state: dict[str, Any], suite: str, incoming: list[dict[str, Any]], fpr: str,
-        refresh: bool, tmp: Path,
+        self,
+        state: dict[str, Any],
+        suite: str,
+        incoming: list[dict[str, Any]],
+        fpr: str,
+        refresh: bool,
+        tmp: Path,
     ) -> PublishResult:
         pool: dict[str, Any] = state["pool"]
         entry = state["suites"].setdefault(
@@ -448,7 +486,10 @@ class Repository:
         if members == before and not refresh and self._live(suite) == entry["generation"]:
             result.generation = entry["generation"]
             return result
-        for name in sorted(set(fresh) & members):
+        adding = sorted(set(fresh) & members)
+        if adding:  # so a publisher killed before saving the state leaves no orphans
+            _replace(self.control_dir / "intent.json", json.dumps(adding).encode())
+        for name in adding:
             self._add_to_pool(name, Path(fresh[name]["path"]), fresh[name]["sha256"])
             pool[name] = {k: v for k, v in fresh[name].items() if k != "path"}
             _checkpoint("pool-written")
@@ -459,8 +500,13 @@ class Repository:
             state["pending_deletes"].append(name)
         self._commit(state, [suite], fpr)
         result.generation, result.changed = entry["generation"], True
-        log.info("published %s: +%d -%d, generation %s", suite, len(result.added),
-                 len(result.removed), result.generation)
+        log.info(
+            "published %s: +%d -%d, generation %s",
+            suite,
+            len(result.added),
+            len(result.removed),
+            result.generation,
+        )
         return result
 
     def _retain(self, members: set[str], lookup: Callable[[str], dict[str, Any]]) -> set[str]:
@@ -473,10 +519,11 @@ class Repository:
         kept: set[str] = set()
         for names in groups.values():
             if keep > 0 and len(names) > keep:
-                names.sort(key=cmp_to_key(
-                    lambda a, b: version_compare(lookup(a)["version"], lookup(b)["version"])),
-                    reverse=True)
-                names = names[:keep]
+
+                def newer(a: str, b: str) -> int:
+                    return version_compare(lookup(a)["version"], lookup(b)["version"])
+
+                names = sorted(names, key=cmp_to_key(newer), reverse=True)[:keep]
             kept.update(names)
         return kept
 
@@ -509,10 +556,22 @@ class Repository:
         """Rebuild suites whose live tree lags the state (a publisher died), then clean up."""
         for stale in self.dists.glob(".*.switch") if self.dists.is_dir() else []:
             stale.unlink()  # a symlink a killed publisher made but never renamed
+        intent = self.control_dir / "intent.json"
+        if intent.is_file():  # pool files a killed publisher wrote but never recorded
+            for name in json.loads(intent.read_text(encoding="utf-8")):
+                path = self.root / name
+                for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+                    tmp.unlink()
+                if name not in state["pool"]:
+                    path.unlink(missing_ok=True)
+            intent.unlink()
         behind = [s for s, e in state["suites"].items() if self._live(s) != e["generation"]]
         if behind:
-            log.warning("repository %s: rebuilding %s after an interrupted publish",
-                        self.root, ", ".join(behind))
+            log.warning(
+                "repository %s: rebuilding %s after an interrupted publish",
+                self.root,
+                ", ".join(behind),
+            )
             self._commit(state, behind, fpr)
         self._delete_pending(state)
 
@@ -522,6 +581,7 @@ class Repository:
         for suite in suites:
             self._build_generation(state, suite, fpr)
         self._save_state(state)
+        (self.control_dir / "intent.json").unlink(missing_ok=True)
         _checkpoint("state-written")
         for suite in suites:
             self._switch(suite, state["suites"][suite]["generation"])
@@ -534,11 +594,9 @@ class Repository:
         """Export the public key at the root whenever it is missing or the key changed."""
         if state.get("key") == fpr and self.keyring.is_file():
             return
-        tmp = self.keyring.with_name(f".{self.keyring.name}.tmp")
         self.root.mkdir(parents=True, exist_ok=True)
-        _write(tmp, signing.export_public_key(self.settings))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, self.keyring)
+        _replace(self.keyring, signing.export_public_key(self.settings))
+        os.chmod(self.keyring, 0o644)
         state["key"] = fpr
 
     def _build_generation(self, state: dict[str, Any], suite: str, fpr: str) -> None:
@@ -621,10 +679,11 @@ class Repository:
         release["Components"] = COMPONENT
         release["Description"] = f"{s.repo_label} kernel module packages for {suite}"
         names = sorted(files)
-        release["MD5Sum"] = [
+        # deb822.Release formats these multivalued fields as " hash size name" lines.
+        release["MD5Sum"] = [  # type: ignore[assignment]
             {"md5sum": files[n][1], "size": str(files[n][0]), "name": n} for n in names
         ]
-        release["SHA256"] = [
+        release["SHA256"] = [  # type: ignore[assignment]
             {"sha256": files[n][2], "size": str(files[n][0]), "name": n} for n in names
         ]
         return release
@@ -642,6 +701,8 @@ class Repository:
 
     def _delete_pending(self, state: dict[str, Any]) -> None:
         """Remove pool files no live index names any more (only once every suite is live)."""
+        if not state["pending_deletes"]:
+            return
         if any(self._live(s) != e["generation"] for s, e in state["suites"].items()):
             return
         for name in state["pending_deletes"]:
@@ -695,8 +756,12 @@ class Repository:
             for suite, entry in state["suites"].items():
                 missing = [f for f in entry["packages"] if f not in pool]
                 if missing:
-                    log.warning("%s: %d listed packages are gone from the pool, e.g. %s",
-                                suite, len(missing), missing[0])
+                    log.warning(
+                        "%s: %d listed packages are gone from the pool, e.g. %s",
+                        suite,
+                        len(missing),
+                        missing[0],
+                    )
                 entry["packages"] = [f for f in entry["packages"] if f in pool]
             if adopt_suite:
                 entry = state["suites"].setdefault(
@@ -793,8 +858,12 @@ def open_repository(target: Settings | Path | str, settings: Settings | None = N
 
 
 def publish(
-    target: Settings | Path | str, suite: str, debs: Iterable[Path | str], *,
-    settings: Settings | None = None, refresh: bool = False,
+    target: Settings | Path | str,
+    suite: str,
+    debs: Iterable[Path | str],
+    *,
+    settings: Settings | None = None,
+    refresh: bool = False,
 ) -> PublishResult:
     """Publish .debs into `suite` of the configured repository or of a given directory."""
     return open_repository(target, settings).publish(suite, debs, refresh=refresh)

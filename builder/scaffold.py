@@ -87,9 +87,10 @@ def dkms_conf(layout: Layout, templates: Path) -> str:
             lines.append(f'BUILT_MODULE_LOCATION[{i}]="{loc}"')
         lines.append(f'DEST_MODULE_LOCATION[{i}]="/updates/dkms"')
     if layout.style == "vendor":
-        # Vendor Makefiles (Intel's i40e, ixgbe...) take the kernel as BUILD_KERNEL and break
-        # under dkms's default kbuild invocation, so run their own Makefile instead.
-        lines.append(f'MAKE[0]="make -C {layout.build_dir}/ BUILD_KERNEL=${{kernelver}}"')
+        # Vendor Makefiles (Intel's i40e, ixgbe...) take the kernel as BUILD_KERNEL and build
+        # nothing when KERNELRELEASE is set. dkms rewrites a MAKE line that starts with
+        # `make` into `make KERNELRELEASE=...`; the quoted 'make' is left alone.
+        lines.append(f"MAKE[0]=\"'make' -C {layout.build_dir}/ BUILD_KERNEL=${{kernelver}}\"")
         lines.append(f'CLEAN="make -C {layout.build_dir}/ clean"')
     elif loc:
         lines.append(

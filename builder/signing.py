@@ -159,6 +159,7 @@ def import_key(settings: Settings, path: Path) -> str:
     if len(keys) > 1:
         raise InvalidInput(f"{path} holds {len(keys)} secret keys; give moddeb exactly one")
     with _key_lock(settings):
+        had = keys[0] in _secret_signing_keys(_gpg(settings, "--with-colons", "--list-secret-keys"))
         _gpg(settings, "--import", str(path))
         # Mark it ultimately trusted so gpg signs without trust-db warnings.
         _gpg(settings, "--import-ownertrust", data=f"{keys[0]}:6:\n".encode())
@@ -173,6 +174,8 @@ def import_key(settings: Settings, path: Path) -> str:
                 data=b"moddeb key check",
             )
         except PublishFailed:
+            if not had:  # leave no unusable key behind for ensure_key to pick up
+                _gpg(settings, "--yes", "--delete-secret-and-public-key", keys[0])
             raise InvalidInput(
                 f"the key in {path} cannot sign without a passphrase",
                 hint="moddeb signs unattended; import a key without a passphrase",
@@ -207,8 +210,9 @@ def verify(keyring: Path, signed: Path, data: Path | None = None) -> bool:
 def stop_agent(settings: Settings) -> None:
     """Stop the gpg-agent serving the repository key's GnuPG home (tests, key rotation)."""
     home = settings.keys_root / "gnupg"
-    if home.is_dir():
-        subprocess.run(
-            ["gpgconf", "--homedir", str(_short_home(home)), "--kill", "gpg-agent"],
-            capture_output=True,
-        )
+    if not home.is_dir():
+        return
+    short = _short_home(home)
+    subprocess.run(["gpgconf", "--homedir", str(short), "--kill", "gpg-agent"], capture_output=True)
+    if short != home:
+        short.unlink(missing_ok=True)
