@@ -291,6 +291,7 @@ def _build(
     kver = kernel.kernel_release
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)
+    settings.work_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=settings.work_root) as tmp:
         inbox, outbox = Path(tmp) / "in", Path(tmp) / "out"
         inbox.mkdir()

@@ -139,12 +139,14 @@ class Runner:
         self,
         image: str,
         script: str,
-        tag: str,
+        tag: str | None,
         labels: dict[str, str],
         log_path: Path,
         limits: Limits,
+        inputs: dict[str, Path] | None = None,
+        outputs: dict[str, Path] | None = None,
     ) -> StepResult:
-        """Run a trusted preparation script with network, then save the result as `tag`."""
+        """Run a trusted script with network; save the result as `tag` unless it is None."""
         return self._run(
             "prepare",
             image,
@@ -152,7 +154,9 @@ class Runner:
             log_path=log_path,
             limits=limits,
             network=True,
-            commit=(tag, labels),
+            inputs=inputs,
+            outputs=outputs,
+            commit=(tag, labels) if tag else None,
         )
 
     def list_images(self) -> list[ImageInfo]:
