@@ -307,7 +307,7 @@ def _build(
             ),
             inputs={"/build/in": inbox},
             outputs={"/build/out": outbox},
-            env={"LC_ALL": "C.UTF-8"},
+            env={"LANG": "C"},  # ASCII quotes in compiler diagnostics
             labels={**labels, "moddeb.kernel": kver},
         )
         result.timings["build"] = round(step.duration, 3)

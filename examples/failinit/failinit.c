@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
+// Copyright (C) 2026 The moddeb developers
 /*
  * failinit - builds everywhere, but refuses to load: its init function
  * logs an error and returns -ENODEV, so insmod/modprobe fail.

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
+// Copyright (C) 2026 The moddeb developers
 /* hello - the smallest useful loadable kernel module. */
 
 #include <linux/module.h>

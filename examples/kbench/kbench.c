@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
+// Copyright (C) 2026 The moddeb developers
 /*
  * kbench - micro-benchmark of the kernel's IPv4 FIB route lookup.
  *

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
+// Copyright (C) 2026 The moddeb developers
 /*
  * oldapi - deliberately depends on strlcpy(), which was removed from the
  * kernel in Linux 6.8.  Builds against 6.1 headers, fails against >= 6.8.

@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: GPL-2.0 */
+// Copyright (C) 2026 The moddeb developers
 #ifndef _VENDORNIC_H_
 #define _VENDORNIC_H_
 

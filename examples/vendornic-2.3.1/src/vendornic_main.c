@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
+// Copyright (C) 2026 The moddeb developers
 /*
  * vendornic - a fake NIC driver laid out like a vendor's out-of-tree
  * driver tarball.  On load it registers num_ports dummy Ethernet

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
+// Copyright (C) 2026 The moddeb developers
 /*
  * vendornic - helper half of the fake NIC driver: net_device operations
  * and statistics.  A transmitted frame is counted and then dropped.
