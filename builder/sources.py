@@ -14,6 +14,7 @@ from builder.archive import TarLimits, extract_tar_file
 from builder.errors import InvalidInput, Transient
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2")
+SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 GIT_URL_RE = re.compile(r"^(?:https?|ssh|git|file)://|^[\w.-]+@[\w.-]+:")
 # Directories that are never part of what gets packaged.
 SKIPPED_DIRS = {".git", ".hg", ".svn", "debian"}
@@ -154,6 +155,8 @@ def _fetch(kind: str, source: str, dest: Path, limits: TarLimits, ref: str | Non
     shutil.rmtree(clone / ".git")
     _check_tree(clone, limits)
     base = source.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
-    hint = base[:-4] if base.endswith(".git") else base
-    tree = clone.rename(dest / hint) if hint and hint != "git" else clone
-    return FetchedSource(tree, hint, epoch, f"git {source} at {commit[:12]}")
+    git_hint: str | None = base[:-4] if base.endswith(".git") else base
+    if not git_hint or git_hint == "git" or not SAFE_NAME_RE.match(git_hint):
+        git_hint = None  # the URL's last part is no usable NAME-VERSION hint or dir name
+    tree = clone.rename(dest / git_hint) if git_hint else clone
+    return FetchedSource(tree, git_hint, epoch, f"git {source} at {commit[:12]}")

@@ -34,17 +34,22 @@ def test_apt_sources_give_main_and_security_mirrors(tmp_path: Path) -> None:
     d = tmp_path / "sources.list.d"
     d.mkdir()
     (d / "debian.sources").write_text(DEB822)
-    (tmp_path / "sources.list").write_text("# nothing\ndeb [arch=amd64] http://old.invalid/d bookworm main\n")
+    (tmp_path / "sources.list").write_text(
+        "# nothing\ndeb [arch=amd64] http://old.invalid/d bookworm main\n"
+    )
     entries = read_apt_sources(d, tmp_path / "sources.list")
     assert ("http://src.invalid/debian", ["bookworm"]) not in entries
     assert pick_mirrors(entries) == (
-        "http://mirror.invalid/debian", "http://security.invalid/debian-security"
+        "http://mirror.invalid/debian",
+        "http://security.invalid/debian-security",
     )
 
 
 def test_env_overrides_toml_which_overrides_defaults(tmp_path: Path) -> None:
     """MODDEB_* variables win over the TOML file, which wins over defaults."""
-    (tmp_path / "moddeb.toml").write_text('maintainer_name = "From Toml"\njobs = 7\nmirror = "http://m.invalid"\n')
+    (tmp_path / "moddeb.toml").write_text(
+        'maintainer_name = "From Toml"\njobs = 7\nmirror = "http://m.invalid"\n'
+    )
     s = load_settings(env={"MODDEB_HOME": str(tmp_path), "MODDEB_JOBS": "3"})
     assert (s.maintainer_name, s.jobs, s.home) == ("From Toml", 3, tmp_path)
     assert s.mirror == "http://m.invalid"
@@ -103,7 +108,8 @@ def test_newest_per_flavour_and_closest_names() -> None:
         KernelInfo("6.1.0-57-rt-amd64", "rt-amd64", "bookworm", "6.1.158-1"),
     ]
     assert [k.kernel_release for k in newest_per_flavour(rows)] == [
-        "6.12.117+deb12-amd64", "6.1.0-57-rt-amd64"
+        "6.12.117+deb12-amd64",
+        "6.1.0-57-rt-amd64",
     ]
     with pytest.raises(InvalidInput, match="no kernel '6.1.0-75-amd64'") as err:
         find_kernel(rows, "6.1.0-75-amd64")
@@ -136,9 +142,14 @@ def test_compression_follows_kernel_config() -> None:
             "implicit declaration of function 'strlcpy'; did you mean 'strscpy'? "
             "[-Werror=implicit-function-declaration] (oldapi.c:21)",
         ),
-        ('ERROR: modpost: "missing_sym" [/build/x.ko] undefined!\n', '"missing_sym" [/build/x.ko] undefined!'),
-        ("Error! Bad return status for module build on kernel: 6.1.0-57-amd64 (x86_64)\n",
-         "Bad return status for module build on kernel: 6.1.0-57-amd64 (x86_64)"),
+        (
+            'ERROR: modpost: "missing_sym" [/build/x.ko] undefined!\n',
+            '"missing_sym" [/build/x.ko] undefined!',
+        ),
+        (
+            "Error! Bad return status for module build on kernel: 6.1.0-57-amd64 (x86_64)\n",
+            "Bad return status for module build on kernel: 6.1.0-57-amd64 (x86_64)",
+        ),
         ("", "no output"),
     ],
 )
