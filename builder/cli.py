@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from builder import repo_cli, service_cli
 from builder.config import Settings, as_dict, load_settings
 from builder.errors import ModdebError
 from builder.pipeline import BuildReport, BuildRequest, Pipeline
@@ -64,11 +65,26 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
         out_dir=Path(args.out) if args.out else None,
     )
     report = Pipeline(settings, request, progress=lambda m: print(m, file=sys.stderr)).run()
+    if args.publish and report.artifacts:
+        publish_report(report, settings, args.suite or settings.suite)
     if args.json:
         print(report.to_json(), end="")
     else:
         print_summary(report)
     return 0 if report.status == "succeeded" else 1
+
+
+def publish_report(report: BuildReport, settings: Settings, suite: str) -> None:
+    """Publish what a build produced (every kernel that built, even if others failed)."""
+    from builder.repo import publish, repo_root
+
+    debs = [Path(report.out_dir) / name for name in sorted(report.artifacts)]
+    result = publish(settings, suite, debs)
+    print(
+        f"published {len(result.added)} new, {len(result.unchanged)} unchanged into "
+        f"{repo_root(settings)} ({suite})",
+        file=sys.stderr,
+    )
 
 
 @command("config")
@@ -144,6 +160,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--out", help="output directory (default: the job's work directory)")
     b.add_argument("--json", action="store_true", help="print report.json instead of a table")
+    b.add_argument(
+        "--publish",
+        action="store_true",
+        help="publish the packages into the configured apt repository",
+    )
+    b.add_argument("--suite", help="repository suite for --publish (default: settings.suite)")
 
     sub.add_parser("config", help="print the effective settings")
     k = sub.add_parser("kernels", help="list kernel ABIs in the configured archive")
@@ -157,7 +179,14 @@ def make_parser() -> argparse.ArgumentParser:
         choices=["kernel", "all"],
         help="remove per-kernel images (or all moddeb images)",
     )
+    repo_cli.add_publish_parser(sub)
+    repo_cli.add_repo_parser(sub)
+    service_cli.add_service_parsers(sub)
     return p
+
+
+COMMANDS.update(repo_cli.COMMANDS)
+COMMANDS.update(service_cli.SERVICE_COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> int:
