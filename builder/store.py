@@ -241,15 +241,20 @@ def visibility_timeout(settings: Settings) -> int:
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings shared by the web side (which only sends) and the workers."""
     vt = visibility_timeout(settings)
-    return {
-        "broker_url": broker_url(settings),
-        "broker_transport_options": {
+    url = broker_url(settings)
+    if url.startswith("sqla+"):
+        # kombu hands these to SQLAlchemy's create_engine: wait out SQLite's write lock.
+        transport: dict[str, Any] = {"connect_args": {"timeout": 30}}
+    else:
+        transport = {
             "visibility_timeout": vt,
             # Look for abandoned messages often enough to honour a short timeout too.
             "unacked_restore_interval": max(1, min(10, vt // 4)),
             "unacked_restore_throttle": 1,
-            "polling_interval": 1.0,
-        },
+        }
+    return {
+        "broker_url": url,
+        "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         "task_routes": {name: {"queue": queue} for name, queue in TASK_QUEUES.items()},
         "task_default_queue": BUILD_QUEUE,

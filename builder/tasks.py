@@ -20,6 +20,7 @@ from sqlalchemy import select, update
 from builder.config import Settings, load_settings
 from builder.errors import ModdebError, Transient
 from builder.store import (
+    LEASE_SECONDS,
     TERMINAL,
     Blob,
     Build,
@@ -57,6 +58,7 @@ RETRY_POLICY: dict[str, Any] = {
     "retry_jitter": True,
 }
 HEARTBEAT_SECONDS = 5.0
+RESEND_AFTER = 2 * LEASE_SECONDS
 
 
 class JobBusy(Transient):
@@ -159,7 +161,9 @@ class Heartbeat:
                         .execution_options(synchronize_session=False)
                     )
         except Exception:  # noqa: BLE001 - a missed beat is retried on the next one
-            log.warning("heartbeat of %s %s failed", self.model.__name__, self.row_id, exc_info=True)
+            log.warning(
+                "heartbeat of %s %s failed", self.model.__name__, self.row_id, exc_info=True
+            )
 
 
 def _read_logs(log_dir: Path) -> Callable[[], str | None]:
@@ -253,8 +257,11 @@ def run_build(settings: Settings, build_id: int) -> None:
         with store.session() as s:
             b = s.get(Build, build_id)
             if b is None or b.state != "running":
-                log.info("build %s: %s while its -dkms stage ran; result dropped", build_id,
-                         b.state if b else "deleted")
+                log.info(
+                    "build %s: %s while its -dkms stage ran; result dropped",
+                    build_id,
+                    b.state if b else "deleted",
+                )
                 return
             b.name, b.version = report.name, report.version
             b.modules = list(report.layout.get("modules") or [])
@@ -310,8 +317,7 @@ def run_build_kernel(settings: Settings, build_id: int, kernel_release: str) -> 
             return
         b = kj.build
         if b.state in TERMINAL or kj.state in TERMINAL:
-            log.info("build %s: kernel %s is %s; nothing to do", build_id, kernel_release,
-                     kj.state)
+            log.info("build %s: kernel %s is %s; nothing to do", build_id, kernel_release, kj.state)
             done = True
         else:
             done = False
@@ -356,8 +362,9 @@ def run_build_kernel(settings: Settings, build_id: int, kernel_release: str) -> 
         with store.session() as s:
             kj = s.get(KernelJob, kj_id)
             if kj is None or kj.state != "running":
-                log.info("build %s: kernel %s was cancelled; result dropped", build_id,
-                         kernel_release)
+                log.info(
+                    "build %s: kernel %s was cancelled; result dropped", build_id, kernel_release
+                )
                 return
             ok = result.status in ("built", "cached")
             kj.state = "succeeded" if ok else "failed"
@@ -492,6 +499,8 @@ def _finish_kernel(store: Store, kj_id: int, state: str, diagnosis: str) -> None
 
 def record_failure(settings: Settings, task_name: str, args: list[Any], exc: BaseException) -> None:
     """A task gave up (retries exhausted or an unexpected error): record it on the job."""
+    if isinstance(exc, JobBusy):
+        return  # the job's holder finishes it, or recover_stalled() re-queues it
     code = exc.code if isinstance(exc, ModdebError) else "internal-error"
     message = str(exc) or type(exc).__name__
     store = open_store(settings)
@@ -505,3 +514,44 @@ def record_failure(settings: Settings, task_name: str, args: list[Any], exc: Bas
         return
     if args:
         _finish_failed(store, int(args[0]), code, message)
+
+
+def recover_stalled(settings: Settings) -> int:
+    """Re-queue work whose message was lost with its worker; return how many tasks were sent.
+
+    A broker with a visibility timeout (Redis) re-delivers such work by itself; kombu's
+    SQLAlchemy transport (the embedded default) never does. Re-sending is always safe:
+    a duplicate finds the job finished, or held under a live lease, and steps aside.
+    """
+    from builder.store import visibility_timeout
+
+    t = now()
+    stale = t - visibility_timeout(settings)
+    # A job whose lease ran out is re-sent at most once per RESEND_AFTER: its copy may
+    # still be waiting in the queue behind other work.
+    resent = t - RESEND_AFTER
+    sends: list[tuple[str, list[Any]]] = []
+    with open_store(settings).session() as s:
+        for b in s.scalars(select(Build).where(Build.state.in_(("queued", "running")))):
+            if not b.dkms_done:
+                lost = (b.state == "running" and b.lease_until < t and b.enqueued_at < resent) or (
+                    b.state == "queued" and b.enqueued_at < stale
+                )
+                if lost:
+                    b.enqueued_at = t
+                    sends.append(("moddeb.build", [b.id]))
+                continue
+            pending = [k for k in b.kernels if k.state not in TERMINAL]
+            for k in pending:
+                if (k.state == "running" and k.lease_until < t and k.enqueued_at < resent) or (
+                    k.state == "queued" and k.enqueued_at < stale
+                ):
+                    k.enqueued_at = t
+                    sends.append(("moddeb.build_kernel", [b.id, k.kernel_release]))
+            if not pending and b.enqueued_at < stale:  # finished, yet never published
+                b.enqueued_at = t
+                sends.append(("moddeb.publish", [b.id]))
+    for name, args in sends:
+        log.warning("re-queueing %s%s: its worker is gone", name, args)
+        send(name, args)
+    return len(sends)
