@@ -20,6 +20,8 @@ a state ahead of the live tree and rebuilds it before doing anything else.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import email.utils
 import fcntl
 import gzip
@@ -66,6 +68,12 @@ MODULE_RE = re.compile(
     r"^(?P<name>[a-z0-9][a-z0-9+.-]*?)-modules-"
     r"(?P<abi>\d+\.\d+[.\d]*(?:-\d+|\+deb\d+))-(?P<flavour>[a-z0-9]+(?:-[a-z0-9]+)?)$"
 )
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# Compression of the changed indexes dominates a publish into a big repository (at
+# 10,000 packages xz -6 takes ~1.5 s, all while holding the lock, for a file ~20%
+# smaller than xz -1's ~0.3 s). Publishing often beats saving clients a few hundred KB.
+XZ_PRESET = 1
+GZIP_LEVEL = 6
 PARALLEL_INSPECT = 64  # below this many .debs a process pool costs more than it saves
 
 
@@ -106,12 +114,23 @@ def _checkpoint(step: str) -> None:
 
 
 # --- small file helpers ------------------------------------------------------------------
-def _write(path: Path, data: bytes) -> None:
-    """Write a new file and push it to disk before anything may reference it."""
+def _write(path: Path, data: bytes, *, sync: bool = True) -> None:
+    """Write a new file; with sync, push it to disk before returning."""
     with open(path, "wb") as fh:
         fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def _sync_filesystem(path: Path) -> None:
+    """Flush everything written to path's filesystem: one syncfs(2) instead of an fsync per file."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _LIBC.syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
 
 
 def _replace(path: Path, data: bytes) -> None:
@@ -544,13 +563,10 @@ class Repository:
             while chunk := fin.read(1 << 20):
                 digest.update(chunk)
                 fout.write(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
         if digest.hexdigest() != sha256:
             tmp.unlink()
             raise PublishFailed(f"{src} changed while it was being published")
-        os.replace(tmp, dest)
-        _fsync_dir(dest.parent)
+        os.replace(tmp, dest)  # made durable by _commit's syncfs before anything names it
 
     def _recover(self, state: dict[str, Any], fpr: str) -> None:
         """Rebuild suites whose live tree lags the state (a publisher died), then clean up."""
@@ -580,6 +596,8 @@ class Repository:
         self._ensure_keyring(state, fpr)
         for suite in suites:
             self._build_generation(state, suite, fpr)
+        # New pool files and generation trees reach the disk before the state names them.
+        _sync_filesystem(self.root)
         self._save_state(state)
         (self.control_dir / "intent.json").unlink(missing_ok=True)
         _checkpoint("state-written")
@@ -630,7 +648,7 @@ class Repository:
                 jobs += [(rel, data), (rel + ".gz", data), (rel + ".xz", data)]
         with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as ex:
             for rel, blob in zip([j[0] for j in jobs], ex.map(_compress, jobs), strict=True):
-                _write(gen / rel, blob)
+                _write(gen / rel, blob, sync=False)
                 files[rel] = _hashes(blob)
 
         own = set()
@@ -648,13 +666,8 @@ class Repository:
         _checkpoint("indexes-written")
 
         release = self._release(suite, archs, files)
-        _write(gen / "Release", release.dump().encode())
+        _write(gen / "Release", release.dump().encode(), sync=False)
         signing.sign_release(self.settings, gen / "Release", fpr)
-        for name in ("InRelease", "Release.gpg"):
-            with open(gen / name, "rb") as fh:
-                os.fsync(fh.fileno())
-        for d in sorted({(gen / rel).parent for rel in files} | {gen}, reverse=True):
-            _fsync_dir(d)
         _checkpoint("signed")
         entry["generation"] = gen.name
         entry["files"] = files
@@ -844,9 +857,9 @@ def _generation_numbers(gens: Path) -> list[int]:
 def _compress(job: tuple[str, bytes]) -> bytes:
     name, data = job
     if name.endswith(".gz"):
-        return gzip.compress(data, compresslevel=9, mtime=0)
+        return gzip.compress(data, compresslevel=GZIP_LEVEL, mtime=0)
     if name.endswith(".xz"):
-        return lzma.compress(data, preset=6)
+        return lzma.compress(data, preset=XZ_PRESET)
     return data
 
 
