@@ -42,7 +42,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cmp_to_key
+from lzma import LZMAError
 from pathlib import Path
+from tarfile import TarError
 from typing import Any
 
 from debian import deb822
@@ -172,7 +174,7 @@ def inspect_deb(path: Path) -> dict[str, Any]:
                 size += len(chunk)
         with DebFile(str(path)) as deb:
             control = deb.debcontrol()
-    except (OSError, DebError, ArError, KeyError, EOFError, lzma.LZMAError) as exc:
+    except (OSError, DebError, ArError, KeyError, EOFError, ValueError, TarError, LZMAError) as exc:
         raise InvalidInput(f"{path} is not a readable .deb: {exc}") from None
     package = control.get("Package", "")
     version = control.get("Version", "")
@@ -626,7 +628,9 @@ class Repository:
         gen = gens / f"{number:06d}"
         live_name = self._live(suite)
         live = gens / live_name if live_name else None
-        reusable = entry["files"] if live and live_name == entry["generation"] else {}
+        # Indexes whose text is unchanged are hard-linked from the live generation, when
+        # the state describes it, instead of compressed again.
+        reuse_from = live if live and live_name == entry["generation"] else None
 
         members = sorted(entry["packages"], key=lambda f: (pool[f]["package"], pool[f]["version"]))
         archs = set(self.settings.repo_architectures.replace(",", " ").split())
@@ -639,13 +643,19 @@ class Repository:
             data = text.encode()
             rel = f"{COMPONENT}/binary-{arch}/Packages"
             (gen / rel).parent.mkdir(parents=True, exist_ok=True)
-            old = reusable.get(rel)
-            if old and old[2] == hashlib.sha256(data).hexdigest():
-                for suffix in ("", ".gz", ".xz"):
-                    os.link(live / (rel + suffix), gen / (rel + suffix))  # type: ignore[operator]
-                    files[rel + suffix] = reusable[rel + suffix]
+            variants = [rel, rel + ".gz", rel + ".xz"]
+            old = entry["files"].get(rel)
+            if (
+                reuse_from is not None
+                and old
+                and old[2] == hashlib.sha256(data).hexdigest()
+                and all((reuse_from / v).is_file() and v in entry["files"] for v in variants)
+            ):
+                for v in variants:
+                    os.link(reuse_from / v, gen / v)
+                    files[v] = entry["files"][v]
             else:
-                jobs += [(rel, data), (rel + ".gz", data), (rel + ".xz", data)]
+                jobs += [(v, data) for v in variants]
         with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as ex:
             for rel, blob in zip([j[0] for j in jobs], ex.map(_compress, jobs), strict=True):
                 _write(gen / rel, blob, sync=False)

@@ -388,3 +388,13 @@ def test_state_records_published_packages_for_fast_publishes(rs: Settings, debs:
     assert state["suites"]["bookworm"]["packages"] == ["pool/main/f/foo/foo_1.0-1_amd64.deb"]
     assert state["suites"]["bookworm"]["generation"] == os.readlink(live(rs)).split("/")[-1]
     assert repo.open_repository(rs).packages("bookworm")[0]["package"] == "foo"
+
+
+def test_unchanged_indexes_are_linked_not_recompressed(rs: Settings, debs: Path) -> None:
+    """Publishing an amd64 package leaves binary-all's files the very same inodes."""
+    repo.publish(rs, "bookworm", [make_deb(debs, "docs", arch="all")])
+    before = (live(rs) / "main/binary-all/Packages.xz").resolve()
+    repo.publish(rs, "bookworm", [make_deb(debs, "foo")])
+    after = (live(rs) / "main/binary-all/Packages.xz").resolve()
+    assert before != after and before.stat().st_ino == after.stat().st_ino
+    assert repo.open_repository(rs).check() == []
