@@ -315,17 +315,22 @@ def verify_on_host(obj: Path, log_path: Path) -> BpfCheck:
             log.warning("could not remove %s", mount_dir)
     with open(log_path, "a", encoding="utf-8") as fh:
         fh.write(f"$ bpftool prog loadall {target} (host kernel {kernel})\n{output}\n")
-    if proc.returncode == 0:
+    return load_result(target, proc.returncode, output, f"the host kernel {kernel}", loaded)
+
+
+def load_result(
+    target: str, returncode: int, output: str, where: str, loaded: list[str] | None = None
+) -> BpfCheck:
+    """The verifier check from one `bpftool prog loadall` run's exit code and output.
+
+    `where` names the kernel for the user: "the host kernel 6.18.1", "6.1.0-57-amd64
+    under QEMU" (the boot test builds its checks with this too).
+    """
+    if returncode == 0:
         return BpfCheck(
-            "verifier",
-            target,
-            "passed",
-            f"the host kernel {kernel} loaded {', '.join(loaded) or 'it'}",
+            "verifier", target, "passed", f"{where} loaded {', '.join(loaded or []) or 'it'}"
         )
     summary, text = parse_load_output(output)
     return BpfCheck(
-        "verifier",
-        target,
-        "failed",
-        f"the host kernel {kernel}'s verifier rejected {target}: {summary}\n{text}",
+        "verifier", target, "failed", f"{where}'s verifier rejected {target}: {summary}\n{text}"
     )

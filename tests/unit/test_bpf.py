@@ -262,6 +262,15 @@ def test_verifier_log_is_extracted() -> None:
     assert text.startswith("0: R1=ctx()") and "END PROG LOAD LOG" not in text
 
 
+def test_load_result_for_another_kernel() -> None:
+    """The boot test turns a guest's loadall output into the same check, naming its kernel."""
+    check = bpf_checks.load_result("bad.bpf.o", 255, REFUSED, "6.1.0-57-amd64 under QEMU")
+    assert check.status == "failed"
+    assert check.detail.startswith("6.1.0-57-amd64 under QEMU's verifier rejected bad.bpf.o: ")
+    ok = bpf_checks.load_result("ok.bpf.o", 0, "", "6.1.0-57-amd64 under QEMU", ["f"])
+    assert (ok.status, ok.detail) == ("passed", "6.1.0-57-amd64 under QEMU loaded f")
+
+
 def test_load_failure_without_verifier_log() -> None:
     """A refusal before the verifier (a missing kernel function, say) is still summarised."""
     summary, _ = parse_load_output("libbpf: failed to find BTF for extern 'x'\nError: failed\n")
