@@ -12,7 +12,7 @@ from builder.errors import InvalidInput
 PACKAGE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 UPSTREAM_VERSION_RE = re.compile(r"^[0-9][A-Za-z0-9.+~]*$")
 NAME_VERSION_RE = re.compile(
-    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9_+.]*?)[-_](?P<version>[0-9][A-Za-z0-9.+~]*)$"
+    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9_+.-]*?)[-_](?P<version>[0-9][A-Za-z0-9.+~]*)$"
 )
 MODULE_VERSION_RE = re.compile(r'MODULE_VERSION\s*\(\s*"([^"]+)"\s*\)')
 MODULE_LICENSE_RE = re.compile(r'MODULE_LICENSE\s*\(\s*"([^"]+)"\s*\)')

@@ -295,7 +295,13 @@ class Runner:
         flt = f"{LABEL}.owner={owner}" if owner else f"{LABEL}=1"
         found = self.client.containers.list(all=True, filters={"label": flt})
         for c in found:
-            c.remove(force=True)
+            try:
+                c.remove(force=True)
+            except docker.errors.NotFound:
+                pass  # already gone
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: a removal is already in progress
+                    raise
         return len(found)
 
 

@@ -11,7 +11,8 @@ from builder.config import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-TEST_OWNER = "moddeb-test"
+# Per test session: a session only ever removes its own containers, never a parallel run's.
+TEST_OWNER = f"moddeb-test-{os.getpid()}"
 
 
 def _require(what: str, why: str) -> None:
