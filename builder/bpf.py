@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.bpf_btf import resolve_vmlinux_btf
 from builder.bpf_checks import BpfCheck, check_object, program_sections, verify_on_host
 from builder.bpf_deb import TARGETS, assemble_debs, lintian_debs, source_date_epoch
 from builder.bpf_image import ensure_bpf_image
@@ -227,23 +228,16 @@ def _compile(
 ) -> tuple[Path, Path, float]:
     """Compile in a network-less container; return the object and skeleton directories."""
     inputs = {"/build/src": tree}
-    btf = settings.bpf_vmlinux_btf
-    if btf:
-        btf_path = Path(btf)
-        if not btf_path.is_file():
-            raise InvalidInput(
-                f"bpf_vmlinux_btf names {btf}, which is not a file",
-                hint="point MODDEB_BPF_VMLINUX_BTF at a kernel BTF file such as "
-                "/sys/kernel/btf/vmlinux, or unset it to use the source's own vmlinux.h",
-            )
+    btf = resolve_vmlinux_btf(settings, runner, work)
+    if btf is not None:
         (work / "btf").mkdir()
-        shutil.copyfile(btf_path, work / "btf" / "vmlinux")
+        shutil.copyfile(btf, work / "btf" / "vmlinux")
         inputs["/build/btf"] = work / "btf"
     outbox = work / "out"
     step = runner.run_step(
         "bpf-compile",
         image,
-        ["/bin/sh", "-ec", compile_script(layout, arch, bool(btf))],
+        ["/bin/sh", "-ec", compile_script(layout, arch, btf is not None)],
         log_path=log_path,
         limits=Limits(settings.container_memory, settings.container_pids, settings.step_timeout),
         inputs=inputs,

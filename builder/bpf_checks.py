@@ -75,7 +75,11 @@ class ElfInfo:
 
 def read_elf(path: Path) -> ElfInfo:
     """Parse an ELF64 object's header and sections; ValueError when it is not one."""
-    blob = path.read_bytes()
+    return parse_elf(path.read_bytes())
+
+
+def parse_elf(blob: bytes) -> ElfInfo:
+    """Parse ELF64 bytes (an object, a vmlinux); ValueError when they are not ELF64."""
     if blob[:4] != b"\x7fELF":
         raise ValueError("not an ELF file")
     if blob[4] != 2:

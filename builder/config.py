@@ -105,9 +105,10 @@ class Settings:
     max_upload_bytes: int = 64 * 1024 * 1024
     visibility_timeout: int = 0  # seconds; 0 means derived from step_timeout (see store.py)
     # eBPF helper packages (builder/bpf.py). bpf_vmlinux_btf "" means the vmlinux.h the
-    # source carries; a path to a kernel BTF file (e.g. /sys/kernel/btf/vmlinux) means
-    # generate vmlinux.h from it. bpf_verify: "auto" loads objects into the host kernel
-    # when it can (root, bpftool) and says why not otherwise, "host" requires it, "off".
+    # source carries; a kernel BTF, vmlinux or vmlinuz file (e.g. /sys/kernel/btf/vmlinux)
+    # or linux-image-KVER (from the archive) means generate vmlinux.h from that BTF.
+    # bpf_verify: "auto" loads objects into the host kernel when it can (root, bpftool)
+    # and says why not otherwise, "host" requires it, "off" skips it.
     bpf_vmlinux_btf: str = ""
     bpf_verify: str = "auto"
 

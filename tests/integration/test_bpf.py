@@ -16,7 +16,7 @@ from builder.config import load_settings
 from builder.runner import Limits
 
 from ..conftest import _require
-from .helpers import EXAMPLES
+from .helpers import EXAMPLES, KERNEL_61
 
 pytestmark = pytest.mark.docker
 
@@ -137,6 +137,20 @@ def test_vmlinux_h_generated_from_a_kernels_btf(bpf_settings, runner, tmp_path: 
     finally:
         bpf_settings.bpf_vmlinux_btf = ""
     assert result.status == "built", result.diagnosis
+    assert "vmlinux.h generated from the configured BTF" in Path(result.log_path).read_text()
+
+
+def test_vmlinux_h_generated_from_an_archive_kernel(bpf_settings, runner, tmp_path: Path) -> None:
+    """bpf_vmlinux_btf = linux-image-KVER takes the BTF out of that kernel package's vmlinuz."""
+    bpf_settings.bpf_vmlinux_btf = f"linux-image-{KERNEL_61}"
+    try:
+        result = build_bpf(
+            bpf_settings, runner, EXAMPLES / "xdp-sport-random", tmp_path, tmp_path / "logs"
+        )
+    finally:
+        bpf_settings.bpf_vmlinux_btf = ""
+    assert result.status == "built", result.diagnosis
+    assert (bpf_settings.cache_root / "btf" / f"{KERNEL_61}.btf").is_file()
     assert "vmlinux.h generated from the configured BTF" in Path(result.log_path).read_text()
 
 

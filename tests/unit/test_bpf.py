@@ -12,6 +12,7 @@ from debian.debfile import DebFile
 
 from builder import bpf_checks
 from builder.bpf import BpfLayout, BpfProgram, compile_script, detect_bpf, host_verifier
+from builder.bpf_btf import btf_from_file, resolve_vmlinux_btf
 from builder.bpf_checks import check_object, known_program_section, parse_load_output
 from builder.bpf_deb import assemble_debs, wrap_description
 from builder.config import Settings
@@ -393,3 +394,56 @@ def test_description_is_rewrapped() -> None:
     wrapped = wrap_description(text).split("\n")
     assert wrapped[0] == "synopsis" and wrapped[-1] == "   verbatim  line"
     assert all(len(line) <= 79 for line in wrapped)
+
+
+RAW_BTF = b"\x9f\xeb\x01\x00\x18\x00\x00\x00" + bytes(16)
+
+
+def _vmlinux(tmp_path: Path) -> Path:
+    return make_elf(tmp_path / "vmlinux", {".text": (6, b"\x90" * 32), ".BTF": (2, RAW_BTF)}, 62)
+
+
+@pytest.mark.parametrize("kind", ["raw", "elf", "gzip", "xz", "zstd"])
+def test_kernel_btf_is_found_in_every_form(tmp_path: Path, kind: str) -> None:
+    """Raw BTF, a vmlinux, and a vmlinuz whose compressed kernel follows a boot stub."""
+    import gzip as gz
+    import lzma
+
+    elf = _vmlinux(tmp_path).read_bytes()
+    stub = b"MZ boot stub \x1f\x8b\x08 not a stream " + bytes(64)
+    if kind == "raw":
+        data = RAW_BTF
+    elif kind == "elf":
+        data = elf
+    elif kind == "gzip":
+        data = stub + gz.compress(elf) + b"trailer"
+    elif kind == "xz":
+        data = stub + lzma.compress(elf, format=lzma.FORMAT_XZ) + b"trailer"
+    else:
+        if shutil.which("zstd") is None:
+            pytest.skip("zstd is not installed")
+        packed = subprocess.run(["zstd", "-q", "-c"], input=elf, capture_output=True).stdout
+        data = stub + packed + b"trailer"
+    (tmp_path / "kernel").write_bytes(data)
+    assert btf_from_file(tmp_path / "kernel") == RAW_BTF
+
+
+def test_a_file_without_btf_is_refused(tmp_path: Path) -> None:
+    """A kernel built without BTF, or any other file, is reported with what would work."""
+    make_elf(tmp_path / "vmlinux", {".text": (6, b"\x90")}, 62)
+    with pytest.raises(InvalidInput, match="holds no kernel BTF"):
+        btf_from_file(tmp_path / "vmlinux")
+
+
+def test_vmlinux_btf_setting(tmp_path: Path) -> None:
+    """ "" keeps the source's vmlinux.h; a missing file and a bad kernel release are refused."""
+    settings = _settings(tmp_path)
+    assert resolve_vmlinux_btf(settings, None, tmp_path) is None  # type: ignore[arg-type]
+    settings.bpf_vmlinux_btf = str(tmp_path / "nope")
+    with pytest.raises(InvalidInput, match="not a file"):
+        resolve_vmlinux_btf(settings, None, tmp_path)  # type: ignore[arg-type]
+    settings.bpf_vmlinux_btf = "linux-image-6.1; rm -rf /"
+    with pytest.raises(InvalidInput, match="not a kernel release"):
+        resolve_vmlinux_btf(settings, None, tmp_path)  # type: ignore[arg-type]
+    settings.bpf_vmlinux_btf = str(_vmlinux(tmp_path))
+    assert resolve_vmlinux_btf(settings, None, tmp_path).read_bytes() == RAW_BTF  # type: ignore[arg-type]
