@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from builder import repo, signing
@@ -54,7 +56,12 @@ class AptClient:
             ["sleep", "infinity"],
             detach=True,
             network_mode="host",
-            labels=runner.labels(**{"moddeb.step": "test-apt-client"}),
+            # An owner of its own: another test session's cleanup of the shared test
+            # owner must not remove this container while it is in use.
+            labels={
+                **runner.labels(**{"moddeb.step": "test-apt-client"}),
+                "moddeb.owner": f"{runner.owner}-apt-{os.getpid()}",
+            },
         )
 
     def put(self, path: str, data: bytes) -> None:
@@ -82,7 +89,10 @@ class AptClient:
         self.put("/etc/apt/sources.list.d/moddeb.sources", sources.encode())
 
     def remove(self) -> None:
-        self.container.remove(force=True)
+        try:
+            self.container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
 
 
 @pytest.fixture
