@@ -260,6 +260,10 @@ def test_reuseport_balancer_spreads_one_flow_evenly(
         tmp_path,
     )
     balanced = _run_loader(loader, "4", "20000")
+    if balanced.returncode == 1:
+        # An even spread fails the p=0.001 test once in a thousand runs; a broken
+        # balancer fails every time.
+        balanced = _run_loader(loader, "4", "20000")
     assert balanced.returncode == 0, balanced.stdout + balanced.stderr
     assert "20000 received" in balanced.stdout and ": EVEN" in balanced.stdout
     hashed = _run_loader(loader, "--no-bpf", "4", "20000")
