@@ -203,6 +203,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             self.cfg.set("workers", max(1, args.web_workers or settings.web_workers))
             self.cfg.set("timeout", 120)
             self.cfg.set("accesslog", "-")
+            self.cfg.set("proc_name", "moddeb-web")
+            self.cfg.set("control_socket_disable", True)
             self.cfg.set("when_ready", lambda _arbiter: _announce(host, port, settings))
 
         def load(self) -> Any:

@@ -90,7 +90,7 @@ class Build(Base):
     job_id: Mapped[str] = mapped_column(String(64), unique=True)
     state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
     trigger: Mapped[str] = mapped_column(String(16), default="api")  # ui, api, github, ...
-    requested_by: Mapped[str] = mapped_column(String(100), default="")
+    requested_by: Mapped[str] = mapped_column(String(200), default="")
     source_kind: Mapped[str] = mapped_column(String(16))  # upload or git
     source: Mapped[str] = mapped_column(String(1000))  # upload file name or git URL
     ref: Mapped[str] = mapped_column(String(250), default="")

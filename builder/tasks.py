@@ -46,8 +46,9 @@ _settings: Settings | None = None
 #  - the archive is unreachable while a builder image is made or a Packages index read
 #    (builder.images, builder.kernels), or mmdebstrap cannot fetch the base system;
 #  - the state database is locked or unreachable (builder.store);
-#  - another worker still holds the job's lease: a duplicate delivery waits for it to finish
-#    or for the lease to run out (the worker died), whichever comes first (JobBusy below).
+#  - another worker still holds the job's lease: a duplicate delivery looks again when the
+#    lease would have run out, until the job is finished or its worker is found dead
+#    (JobBusy; see _run: fixed countdown, not counted against max_retries).
 # Backoff is exponential from 15 s, capped at 10 minutes, with jitter so that workers
 # recovering together do not stampede the engine or the archive.
 RETRY_POLICY: dict[str, Any] = {
@@ -99,22 +100,31 @@ class _ModdebTask(Task):  # type: ignore[misc]
 
 
 # --- tasks ----------------------------------------------------------------------------------
-@app.task(name="moddeb.build", base=_ModdebTask, **RETRY_POLICY)
-def build(build_id: int) -> None:
+def _run(task: Task, work: Callable[..., None], *args: Any) -> None:
+    """Run a task's work; a job held by another worker is looked at again when its lease
+    would have run out (not on the backoff schedule, and for as long as it is held)."""
+    try:
+        work(current_settings(), *args)
+    except JobBusy as exc:
+        raise task.retry(exc=exc, countdown=LEASE_SECONDS, max_retries=None) from None
+
+
+@app.task(name="moddeb.build", base=_ModdebTask, bind=True, **RETRY_POLICY)
+def build(self: Task, build_id: int) -> None:
     """Run the -dkms stage of a build, store the package, then queue one task per kernel."""
-    run_build(current_settings(), build_id)
+    _run(self, run_build, build_id)
 
 
-@app.task(name="moddeb.build_kernel", base=_ModdebTask, **RETRY_POLICY)
-def build_kernel(build_id: int, kernel_release: str) -> None:
+@app.task(name="moddeb.build_kernel", base=_ModdebTask, bind=True, **RETRY_POLICY)
+def build_kernel(self: Task, build_id: int, kernel_release: str) -> None:
     """Build one kernel's module package from the stored -dkms package."""
-    run_build_kernel(current_settings(), build_id, kernel_release)
+    _run(self, run_build_kernel, build_id, kernel_release)
 
 
-@app.task(name="moddeb.publish", base=_ModdebTask, **RETRY_POLICY)
-def publish(build_id: int) -> None:
+@app.task(name="moddeb.publish", base=_ModdebTask, bind=True, **RETRY_POLICY)
+def publish(self: Task, build_id: int) -> None:
     """Put a finished build's packages into the apt repository, once."""
-    run_publish(current_settings(), build_id)
+    _run(self, run_publish, build_id)
 
 
 # --- the work behind the tasks (plain functions, testable without a broker) ------------------

@@ -115,7 +115,7 @@ def resolve_kernels(choice: KernelChoice) -> list[dict[str, str]]:
 
 def check_git(url: str, ref: str) -> None:
     """Refuse git URLs the service will not clone and refs git would misread."""
-    if not GIT_URL_RE.match(url):
+    if len(url) > 1000 or not GIT_URL_RE.match(url):
         raise InvalidInput(
             f"{url[:120]!r} is not a remote git URL (https://, git://, ssh:// or user@host:path)"
         )

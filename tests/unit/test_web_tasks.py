@@ -524,3 +524,19 @@ def test_tasks_can_be_sent_by_name_to_the_embedded_broker(env: Any, monkeypatch)
         assert channel.queue_declare("build", passive=True).message_count == 1
         assert channel.queue_declare("publish", passive=True).message_count == 1
     _ = (io, json)
+
+
+def test_a_busy_job_is_looked_at_again_when_its_lease_would_end(env: Any) -> None:
+    """A duplicate of a held job retries after one lease period, without using up retries."""
+    build_id = new_build(env, state="running", lease_until=now() + LEASE_SECONDS)
+    calls = []
+
+    class FakeTask:
+        def retry(self, exc=None, countdown=None, max_retries="unset"):
+            calls.append((type(exc), countdown, max_retries))
+            return RuntimeError("retry raised")
+
+    tasks.configure(env.settings)
+    with pytest.raises(RuntimeError, match="retry raised"):
+        tasks._run(FakeTask(), tasks.run_build, build_id)
+    assert calls == [(tasks.JobBusy, LEASE_SECONDS, None)]
