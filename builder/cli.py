@@ -39,6 +39,9 @@ def print_summary(report: BuildReport) -> None:
     for tags in report.lintian.values():
         for line in tags:
             print(f"  lintian: {line}")
+    for check in report.bpf.get("checks", []):
+        detail = f": {check['detail']}" if check.get("detail") else ""
+        print(f"  check {check['name']} ({check['target']}): {check['status']}{detail}")
     if report.kernels:
         width = max(len(k.kernel_release) for k in report.kernels)
         print(f"\n  {'kernel'.ljust(width)}  status   time    diagnosis")

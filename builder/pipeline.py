@@ -15,14 +15,15 @@ from typing import Any
 
 from builder import images
 from builder.archive import TarLimits
+from builder.bpf import build_bpf, detect_bpf
 from builder.config import Settings
 from builder.detect import Layout, detect_layout
 from builder.dkms import build_dkms_package, sha256_file
-from builder.errors import ModdebError
+from builder.errors import BuildFailed, InvalidInput, ModdebError
 from builder.kernels import KernelInfo
 from builder.runner import Limits, Runner
 from builder.scaffold import write_debian_dir
-from builder.sources import fetch_source
+from builder.sources import FetchedSource, fetch_source
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class BuildReport:
     stages: list[StageRecord] = field(default_factory=list)
     error_code: str = ""
     error: str = ""
+    kind: str = "module"  # "module" (kernel module via DKMS) or "bpf" (BPF programs)
+    bpf: dict[str, Any] = field(default_factory=dict)
     work_dir: str = ""
     out_dir: str = ""
 
@@ -178,9 +181,23 @@ class Pipeline:
             )
             self.report.origin = fetched.origin
         with self.stage("detect"):
-            layout = detect_layout(
-                fetched.tree, fetched.hint, name=req.name, version=req.version, modules=req.modules
-            )
+            try:
+                layout = detect_layout(
+                    fetched.tree,
+                    fetched.hint,
+                    name=req.name,
+                    version=req.version,
+                    modules=req.modules,
+                )
+            except InvalidInput:
+                # Not kernel module source: it may be BPF programs (*.bpf.c, SEC(...)).
+                if detect_bpf(fetched.tree, fetched.hint, name=req.name, version=req.version):
+                    self.report.kind = "bpf"
+                else:
+                    raise
+        if self.report.kind == "bpf":
+            self._build_bpf(fetched)
+            return
             self.layout = layout
             self.report.name, self.report.upstream_version = layout.name, layout.upstream_version
             self.report.layout = {
@@ -224,6 +241,39 @@ class Pipeline:
         self.dkms_debs = result.debs
         if req.kernels:
             self._build_kernels()
+
+    def _build_bpf(self, fetched: FetchedSource) -> None:
+        """BPF programs: compile, check, verify and package (builder.bpf)."""
+        req = self.request
+        with self.stage("bpf"):
+            result = build_bpf(
+                self.settings,
+                self.runner,
+                fetched.tree,
+                self.out,
+                self.logs,
+                name=req.name,
+                version=req.version,
+                hint=fetched.hint,
+                origin=fetched.origin,
+                date_epoch=fetched.date_epoch,
+                labels={"moddeb.job": req.job_id},
+            )
+            self.report.name, self.report.version = result.name, result.version
+            self.report.upstream_version = result.upstream_version
+            self.report.artifacts.update(result.artifacts)
+            self.report.lintian[f"{result.name}-bpf"] = list(result.lintian)
+            self.report.bpf = {
+                "status": result.status,
+                "diagnosis": result.diagnosis,
+                "programs": result.programs,
+                "log_path": str(result.log_path or ""),
+                "checks": [asdict(c) for c in result.checks],
+            }
+            if result.status != "built":
+                raise BuildFailed(result.diagnosis)
+        if req.kernels:
+            self.progress(f"[{req.job_id}] BPF objects are CO-RE: no per-kernel packages")
 
     def _build_kernels(self) -> None:
         """Per-kernel module packages; filled in by builder.mkbmdeb."""

@@ -1,0 +1,34 @@
+"""A source of BPF programs goes through the same `moddeb build` as kernel modules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .helpers import EXAMPLES, ROOT
+
+pytestmark = pytest.mark.docker
+
+
+def test_bpf_source_is_recognised_and_packaged_by_the_cli(settings, base_image, tmp_path: Path):
+    """`moddeb build` on the XDP example reports kind bpf, its checks, and NAME-bpf packages."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "builder.cli", "build", str(EXAMPLES / "xdp-sport-random"),
+         "--out", str(tmp_path / "out"), "--json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=900,
+        env={"MODDEB_HOME": str(settings.home), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["kind"] == "bpf" and report["status"] == "succeeded"
+    names = sorted(report["artifacts"])
+    assert names == [
+        f"xdp-sport-random-bpf-dev_{report['version']}_amd64.deb",
+        f"xdp-sport-random-bpf_{report['version']}_amd64.deb",
+    ]
+    checks = {c["name"]: c["status"] for c in report["bpf"]["checks"]}
+    assert checks and "failed" not in checks.values(), checks
