@@ -45,12 +45,14 @@ def _short_home(home: Path) -> Path:
         return home
     digest = hashlib.sha256(str(home).encode()).hexdigest()[:16]
     link = Path(tempfile.gettempdir()) / f"moddeb-gnupg-{os.geteuid()}-{digest}"
-    if link.is_symlink():
+    try:
+        link.symlink_to(home)
+    except FileExistsError:  # made earlier, or just now by a concurrent publisher
         st = link.lstat()
-        if st.st_uid == os.geteuid() and Path(os.readlink(link)) == home:
-            return link
-        raise PublishFailed(f"{link} exists and is not moddeb's link to {home}; remove it")
-    link.symlink_to(home)
+        if not (link.is_symlink() and st.st_uid == os.geteuid() and link.readlink() == home):
+            raise PublishFailed(
+                f"{link} exists and is not moddeb's link to {home}; remove it"
+            ) from None
     return link
 
 
