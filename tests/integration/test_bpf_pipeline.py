@@ -17,9 +17,20 @@ pytestmark = pytest.mark.docker
 def test_bpf_source_is_recognised_and_packaged_by_the_cli(settings, base_image, tmp_path: Path):
     """`moddeb build` on the XDP example reports kind bpf, its checks, and NAME-bpf packages."""
     proc = subprocess.run(
-        [sys.executable, "-m", "builder.cli", "build", str(EXAMPLES / "xdp-sport-random"),
-         "--out", str(tmp_path / "out"), "--json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "builder.cli",
+            "build",
+            str(EXAMPLES / "xdp-sport-random"),
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
         env={"MODDEB_HOME": str(settings.home), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
