@@ -104,6 +104,12 @@ class Settings:
     web_workers: int = 2
     max_upload_bytes: int = 64 * 1024 * 1024
     visibility_timeout: int = 0  # seconds; 0 means derived from step_timeout (see store.py)
+    # Boot tests (builder/boottest.py): each module package loaded in its own kernel under QEMU.
+    boot_accel: str = "auto"  # auto (KVM when it works here, else software emulation), kvm, tcg
+    boot_timeout: int = 120  # seconds per boot, enforced by killing qemu
+    boot_smoke_timeout: int = 60  # seconds the source's smoke command may run inside the VM
+    boot_memory: str = "512M"  # qemu -m
+    require_boot_test: int = 1  # 1: publish only packages whose boot test passed; 0: warn only
     # eBPF helper packages (builder/bpf.py). bpf_vmlinux_btf "" means the vmlinux.h the
     # source carries; a kernel BTF, vmlinux or vmlinuz file (e.g. /sys/kernel/btf/vmlinux)
     # or linux-image-KVER (from the archive) means generate vmlinux.h from that BTF.
