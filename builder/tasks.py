@@ -273,7 +273,9 @@ def run_build(settings: Settings, build_id: int) -> None:
                     b.state if b else "deleted",
                 )
                 return
-            b.name, b.version = report.name, report.version
+            # The -dkms package names itself (NAME-dkms_VERSION_all.deb) should the report not.
+            dkms_name = next((f.split("-dkms_")[0] for f in report.artifacts if "-dkms_" in f), "")
+            b.name, b.version = report.name or dkms_name, report.version
             b.modules = list(report.layout.get("modules") or [])
             if report.status != "succeeded":
                 add_event(s, build_id, "failed", f"-dkms stage failed: {report.error}")

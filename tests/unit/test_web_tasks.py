@@ -540,3 +540,21 @@ def test_a_busy_job_is_looked_at_again_when_its_lease_would_end(env: Any) -> Non
     with pytest.raises(RuntimeError, match="retry raised"):
         tasks._run(FakeTask(), tasks.run_build, build_id)
     assert calls == [(tasks.JobBusy, LEASE_SECONDS, None)]
+
+
+def test_the_package_name_falls_back_to_the_dkms_package(env: Any, monkeypatch) -> None:
+    """Should the report lack the name, the -dkms package's file name supplies it."""
+    build_id = new_build(env, ())
+    import builder.pipeline
+
+    pipeline_cls = builder.pipeline.Pipeline
+
+    class Nameless(pipeline_cls):  # type: ignore[misc, valid-type]
+        def run(self):
+            report = super().run()
+            report.name = ""
+            return report
+
+    monkeypatch.setattr("builder.pipeline.Pipeline", Nameless)
+    tasks.run_build(env.settings, build_id)
+    assert load(env, build_id).name == "hello"
