@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,12 +30,15 @@ def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def settings(tmp_path: Path, shared_home: Path) -> Settings:
+def settings(tmp_path: Path, shared_home: Path) -> Iterator[Settings]:
     """Settings with work dirs in tmp_path and caches shared across the session."""
+    from builder.signing import stop_agent
+
     s = load_settings(env={"MODDEB_HOME": str(tmp_path / "home")})
     s.home.mkdir(parents=True)
     (s.home / "cache").symlink_to(shared_home)
-    return s
+    yield s
+    stop_agent(s)  # a publish starts a gpg-agent for the repository key: leave none behind
 
 
 @pytest.fixture(scope="session")
