@@ -33,7 +33,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -54,22 +53,19 @@ from debian.debian_support import version_compare
 from builder import signing
 from builder.config import Settings, load_settings
 from builder.errors import InvalidInput, PublishFailed
+from builder.metapackages import (
+    build_metapackage,
+    plan_metapackages,
+)
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "main"
 STATE_FORMAT = 1
-# Bump when the generated metapackages change shape: every NAME-modules-FLAVOUR is
-# then rebuilt with a higher version (see meta_version).
-META_REVISION = 1
 SUITE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 VERSION_RE = re.compile(r"^(?:\d+:)?[0-9][A-Za-z0-9.+~-]*(?::[A-Za-z0-9.+~-]*)?$")
 ARCH_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-MODULE_RE = re.compile(
-    r"^(?P<name>[a-z0-9][a-z0-9+.-]*?)-modules-"
-    r"(?P<abi>\d+\.\d+[.\d]*(?:-\d+|\+deb\d+))-(?P<flavour>[a-z0-9]+(?:-[a-z0-9]+)?)$"
-)
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 # Compression of the changed indexes dominates a publish into a big repository (at
 # 10,000 packages xz -6 takes ~1.5 s, all while holding the lock, for a file ~20%
@@ -90,19 +86,6 @@ class PublishResult:
     metapackages: list[str] = field(default_factory=list)
     generation: str = ""
     changed: bool = False
-
-
-@dataclass(frozen=True)
-class MetaPlan:
-    """One NAME-modules-FLAVOUR metapackage and the module package it should depend on."""
-
-    package: str
-    version: str
-    arch: str
-    depends: str
-    module: str
-    flavour: str
-    kernel_release: str
 
 
 # --- fault injection for the crash tests ----------------------------------------------
@@ -217,156 +200,6 @@ def inspect_debs(paths: list[Path]) -> list[dict[str, Any]]:
 
 def _label(entry: dict[str, Any]) -> str:
     return f"{entry['package']} {entry['version']} ({entry['arch']})"
-
-
-# --- kernel ABIs and metapackages -----------------------------------------------------------
-def parse_module_package(package: str) -> tuple[str, str, str] | None:
-    """(module name, kernel ABI, flavour) of NAME-modules-KVER, e.g. kbench, 6.1.0-57, amd64."""
-    m = MODULE_RE.match(package)
-    return (m.group("name"), m.group("abi"), m.group("flavour")) if m else None
-
-
-def abi_version(abi: str) -> str:
-    """A kernel ABI as a Debian version: 6.1.0-57 -> 6.1.0.57, 6.12.117+deb12 unchanged.
-
-    The hyphen would otherwise split upstream version from revision; a dot orders the
-    same way (6.1.0.57 < 6.1.0.58 < 6.12.9+deb12 < 6.12.117+deb12).
-    """
-    return abi.replace("-", ".")
-
-
-def compare_abis(a: str, b: str) -> int:
-    """Order two kernel ABIs (without flavour) the way the kernel team numbers them."""
-    return version_compare(abi_version(a), abi_version(b))
-
-
-def meta_version(abi: str) -> str:
-    """The metapackage version for an ABI: it rises whenever the newest ABI does.
-
-    Derived from the ABI alone (not the module's version) so a newer kernel always
-    wins even if the module built for it is older, and a module upgrade within one
-    ABI needs no new metapackage: apt upgrades NAME-modules-KVER itself.
-    """
-    return f"{abi_version(abi)}-{META_REVISION}"
-
-
-def plan_metapackages(entries: Iterable[dict[str, Any]]) -> list[MetaPlan]:
-    """For each module, flavour and arch in a suite: the metapackage for its newest ABI."""
-    newest: dict[tuple[str, str, str], tuple[str, str]] = {}
-    for e in entries:
-        parsed = parse_module_package(e["package"])
-        if parsed is None:
-            continue
-        name, abi, flavour = parsed
-        key = (name, flavour, e["arch"])
-        if key not in newest or compare_abis(abi, newest[key][0]) > 0:
-            newest[key] = (abi, e["package"])
-    return [
-        MetaPlan(
-            f"{name}-modules-{flavour}",
-            meta_version(abi),
-            arch,
-            package,
-            name,
-            flavour,
-            f"{abi}-{flavour}",
-        )
-        for (name, flavour, arch), (abi, package) in sorted(newest.items())
-    ]
-
-
-def _wrap(text: str, width: int = 72) -> list[str]:
-    lines, line = [], ""
-    for word in text.split():
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}".strip()
-    return lines + ([line] if line else [])
-
-
-def build_metapackage(settings: Settings, plan: MetaPlan, suite: str, out_dir: Path) -> Path:
-    """Build NAME-modules-FLAVOUR with dpkg-deb: copyright, changelog, a real Description."""
-    now = datetime.now(UTC).replace(microsecond=0)
-    tree = out_dir / plan.package
-    doc = tree / "usr/share/doc" / plan.package
-    (tree / "DEBIAN").mkdir(parents=True)
-    doc.mkdir(parents=True)
-    (doc / "copyright").write_text(
-        f"{plan.package} is a metapackage generated by moddeb for the {plan.module} kernel\n"
-        "modules. It contains no program, only this file and its changelog.\n\n"
-        f"Copyright: {now.year} {settings.maintainer}\n"
-        "License: GPL-2+\n\n"
-        "This package is free software; you can redistribute it and/or modify it under\n"
-        "the terms of the GNU General Public License as published by the Free Software\n"
-        "Foundation; either version 2 of the License, or (at your option) any later\n"
-        "version.\n\n"
-        "On Debian systems, the complete text of the GNU General Public License version 2\n"
-        "can be found in /usr/share/common-licenses/GPL-2.\n",
-        encoding="utf-8",
-    )
-    entry = "\n".join(
-        "    " + ln if i else "  * " + ln
-        for i, ln in enumerate(
-            _wrap(
-                f"Depend on {plan.depends}, the {plan.module} modules for the newest "
-                f"{plan.flavour} kernel ABI in {suite}.",
-                70,
-            )
-        )
-    )
-    changelog = (
-        f"{plan.package} ({plan.version}) {suite}; urgency=medium\n\n{entry}\n\n"
-        f" -- {settings.maintainer}  {email.utils.format_datetime(now)}\n"
-    )
-    with open(doc / "changelog.Debian.gz", "wb") as raw:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as gz:
-            gz.write(changelog.encode())
-    long_desc = _wrap(
-        f"This metapackage depends on the {plan.module} module package built for the "
-        f"newest Linux kernel ABI of the {plan.flavour} flavour in this repository, "
-        f"currently {plan.kernel_release}. Installed next to linux-image-{plan.flavour}, "
-        f"it brings the matching {plan.module} modules with every kernel upgrade."
-    )
-    files = [p for p in tree.rglob("*") if p.is_file()]
-    dirs = [p for p in tree.rglob("*") if p.is_dir() and p.name != "DEBIAN"]
-    installed_kib = sum((p.stat().st_size + 1023) // 1024 for p in files) + len(dirs)
-    control = deb822.Deb822()
-    control["Package"] = plan.package
-    control["Version"] = plan.version
-    control["Architecture"] = plan.arch
-    control["Maintainer"] = settings.maintainer
-    control["Installed-Size"] = str(installed_kib)
-    control["Depends"] = plan.depends
-    control["Section"] = "kernel"
-    control["Priority"] = "optional"
-    control["Description"] = (
-        f"{plan.module} kernel modules for the newest {plan.flavour} kernel\n"
-        + "\n".join(" " + line for line in long_desc)
-    )
-    (tree / "DEBIAN/control").write_text(control.dump(), encoding="utf-8")
-    (tree / "DEBIAN/md5sums").write_text(
-        "".join(
-            f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(tree)}\n"
-            for p in sorted(files)
-        ),
-        encoding="utf-8",
-    )
-    for p in [tree, *tree.rglob("*")]:
-        os.chmod(p, 0o755 if p.is_dir() else 0o644)
-        os.utime(p, (now.timestamp(), now.timestamp()))
-    deb = out_dir / f"{plan.package}_{plan.version}_{plan.arch}.deb"
-    env = {**os.environ, "SOURCE_DATE_EPOCH": str(int(now.timestamp())), "LC_ALL": "C"}
-    proc = subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(deb)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    if proc.returncode != 0:
-        raise PublishFailed(f"could not build {plan.package}: {proc.stderr.strip()}")
-    return deb
 
 
 # --- the repository ----------------------------------------------------------------------------

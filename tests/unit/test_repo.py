@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from debian import deb822
 
-from builder import repo, signing
+from builder import metapackages, repo, signing
 from builder.config import Settings
 from builder.errors import InvalidInput, PublishFailed
 
@@ -252,20 +252,25 @@ def test_abis_order_like_debian_versions() -> None:
     """6.12.117+deb12 > 6.12.9+deb12 > 6.1.0-57 > 6.1.0-9, and meta versions follow suit."""
     order = ["6.1.0-9", "6.1.0-57", "6.12.9+deb12", "6.12.117+deb12"]
     for older, newer in zip(order, order[1:], strict=False):
-        assert repo.compare_abis(newer, older) > 0
-        assert repo.version_compare(repo.meta_version(newer), repo.meta_version(older)) > 0
-    assert repo.parse_module_package("kbench-modules-6.12.117+deb12-cloud-amd64") == (
+        assert metapackages.compare_abis(newer, older) > 0
+        assert (
+            metapackages.version_compare(
+                metapackages.meta_version(newer), metapackages.meta_version(older)
+            )
+            > 0
+        )
+    assert metapackages.parse_module_package("kbench-modules-6.12.117+deb12-cloud-amd64") == (
         "kbench",
         "6.12.117+deb12",
         "cloud-amd64",
     )
-    assert repo.parse_module_package("my-mod-modules-6.1.0-57-rt-amd64") == (
+    assert metapackages.parse_module_package("my-mod-modules-6.1.0-57-rt-amd64") == (
         "my-mod",
         "6.1.0-57",
         "rt-amd64",
     )
-    assert repo.parse_module_package("kbench-modules-amd64") is None
-    assert repo.parse_module_package("kbench-dkms") is None
+    assert metapackages.parse_module_package("kbench-modules-amd64") is None
+    assert metapackages.parse_module_package("kbench-dkms") is None
 
 
 def test_metapackage_plan_picks_the_newest_abi_per_module_and_flavour() -> None:
@@ -283,7 +288,7 @@ def test_metapackage_plan_picks_the_newest_abi_per_module_and_flavour() -> None:
         {"package": "other-modules-6.1.0-57-amd64", "arch": "amd64"},
         {"package": "x", "arch": "all"},
     ]
-    plans = {p.package: p for p in repo.plan_metapackages(entries)}
+    plans = {p.package: p for p in metapackages.plan_metapackages(entries)}
     assert set(plans) == {
         "kbench-modules-amd64",
         "kbench-modules-cloud-amd64",
@@ -309,7 +314,7 @@ def test_metapackage_follows_newer_abis_as_they_are_published(rs: Settings, debs
         "kbench-modules-amd64 6.12.117+deb12-1 -> kbench-modules-6.12.117+deb12-amd64"
     ]
     metas = [p for p in stanzas(rs, "amd64") if p["Package"] == "kbench-modules-amd64"]
-    newest = max(metas, key=lambda p: repo.abi_version(p["Version"]))
+    newest = max(metas, key=lambda p: metapackages.abi_version(p["Version"]))
     assert newest["Depends"] == "kbench-modules-6.12.117+deb12-amd64"
     # An older ABI published later changes nothing about the metapackage.
     late = repo.publish(rs, "bookworm", [make_deb(debs, "kbench-modules-6.1.0-9-amd64", "0.2-1")])
