@@ -47,7 +47,8 @@ EXPECT_RE = re.compile(r"^#\s*moddeb-expect:\s*(?P<regex>.+?)\s*$", re.MULTILINE
 KVM_GRACE = 10
 KVM_BROKEN_TTL = 24 * 3600
 QEMU_FOR_ARCH = {"amd64": "qemu-system-x86_64"}
-CMDLINE = "console=ttyS0 panic=-1 oops=panic quiet"
+# printk.devkmsg=on: /init reports through /dev/kmsg, which is otherwise rate limited.
+CMDLINE = "console=ttyS0 panic=-1 oops=panic quiet printk.devkmsg=on"
 PANIC_RE = re.compile(
     r"(Kernel panic - not syncing: .*|BUG: .*|Oops: .*|general protection fault.*"
     r"|Unable to handle kernel .*)"
@@ -115,6 +116,7 @@ class Console:
     smoke_rc: int | None = None
     output: list[str] = field(default_factory=list)
     kmsg: list[str] = field(default_factory=list)
+    early_panic: str | None = None  # before /init ran: the kernel's fault, not the module's
     panic: str | None = None
     done: bool = False
 
@@ -279,7 +281,8 @@ def ensure_kernel(settings: Settings, kernel: KernelInfo) -> BootKernel:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     loaded = _load_cached(root)
-    assert loaded is not None
+    if loaded is None:
+        raise Transient(f"the cached kernel {kver} in {root} cannot be read")
     return loaded
 
 
@@ -300,7 +303,9 @@ def _lay_out(unpacked: Path, stage: Path, kver: str, package: str) -> None:
     (stage / "lib/modules").mkdir(parents=True)
     modules.rename(stage / "lib/modules" / kver)
     # modules.dep, .alias and .softdep: the image package leaves them to its postinst.
-    proc = subprocess.run(["depmod", "-b", str(stage), kver], capture_output=True, text=True)
+    proc = subprocess.run(
+        [initramfs.host_tool("depmod"), "-b", str(stage), kver], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise Transient(f"depmod failed for {kver}: {proc.stderr.strip()}")
     config = unpacked / "boot" / f"config-{kver}"
@@ -415,12 +420,16 @@ def parse_console(text: str) -> Console:
     """Collect /init's MODDEB-* markers, the smoke output and any kernel crash line."""
     c = Console()
     for raw in text.replace("\r", "").split("\n"):
-        line = raw.rstrip()
-        if c.panic is None and (m := PANIC_RE.search(line)):
-            c.panic = m.group(1)
+        line = KMSG_TIME_RE.sub("", raw.rstrip(), count=1)
         if line.startswith("smoke| "):
             c.output.append(line[7:])
-        elif line.startswith("kmsg| "):
+            continue
+        if m := PANIC_RE.search(line):
+            if c.kernel is None:
+                c.early_panic = c.early_panic or m.group(1)
+            elif c.panic is None:
+                c.panic = m.group(1)
+        if line.startswith("kmsg| "):
             c.kmsg.append(KMSG_TIME_RE.sub("", line[6:]))
         elif line.startswith("MODDEB-"):
             word, _, rest = line.partition(" ")
@@ -472,6 +481,16 @@ def _kmsg_hint(console: Console, name: str) -> str:
     return lines[-1] if lines else ""
 
 
+def _where(console: Console) -> str:
+    """What the VM was doing when it stopped: the smoke, loading a module, or finishing."""
+    if console.smoke_started and console.smoke_rc is None:
+        return "the smoke command"
+    finished = len(console.loaded) + len(console.soft_failed)
+    if console.steps and finished < len(console.steps):
+        return f"loading {console.steps[-1][1]}"
+    return "the end of the test"
+
+
 def diagnose(
     console: Console,
     run: VmRun,
@@ -482,8 +501,8 @@ def diagnose(
 ) -> tuple[str, str]:
     """(status, one-line diagnosis) from what the VM printed and how qemu ended."""
     if console.kernel is None:
-        if console.panic:
-            return "error", f"{kernel_release} did not reach /init: {console.panic}"
+        if console.early_panic:
+            return "error", f"{kernel_release} did not reach /init: {console.early_panic}"
         if run.timed_out or run.stalled:
             return "error", f"{kernel_release} did not reach /init within {run.duration:.0f}s"
         return "error", f"{kernel_release} did not reach /init (qemu exited with {run.returncode})"
@@ -499,13 +518,7 @@ def diagnose(
             why += f"; it asked the kernel for {', '.join(asked)}, which nothing declared"
         hint = _kmsg_hint(console, name)
         return "failed", why + (f"; kernel: {hint}" if hint else "")
-    where = (
-        "the smoke command"
-        if console.smoke_started and console.smoke_rc is None
-        else f"loading {console.steps[-1][1]}"
-        if console.steps and len(console.loaded) < len(console.steps)
-        else "the end of the test"
-    )
+    where = _where(console)
     if console.panic:
         return "failed", f"kernel crashed during {where}: {console.panic}"
     if run.timed_out:

@@ -8,6 +8,7 @@ import fnmatch
 import gzip
 import lzma
 import shlex
+import shutil
 import struct
 import subprocess
 from collections.abc import Callable, Iterable
@@ -189,12 +190,22 @@ def read_module_tree(modules_dir: Path) -> ModuleTree:
     return tree
 
 
+def host_tool(name: str) -> str:
+    """A kmod tool's path: /usr/sbin is not on every user's PATH."""
+    found = shutil.which(name)
+    if found:
+        return found
+    return next(
+        (str(p) for p in (Path("/usr/sbin") / name, Path("/sbin") / name) if p.exists()), name
+    )
+
+
 def read_modinfo(path: Path) -> ModInfo:
     """A module's depends= and softdep= fields (kmod's modinfo also reads .ko.xz)."""
 
     def field_of(name: str) -> str:
         proc = subprocess.run(
-            ["modinfo", "-F", name, str(path.resolve())], capture_output=True, text=True
+            [host_tool("modinfo"), "-F", name, str(path.resolve())], capture_output=True, text=True
         )
         if proc.returncode != 0:
             raise BuildFailed(f"{path.name} is not a readable kernel module: {proc.stderr.strip()}")
