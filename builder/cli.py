@@ -44,10 +44,13 @@ def print_summary(report: BuildReport) -> None:
         print(f"  check {check['name']} ({check['target']}): {check['status']}{detail}")
     if report.kernels:
         width = max(len(k.kernel_release) for k in report.kernels)
-        print(f"\n  {'kernel'.ljust(width)}  status   time    diagnosis")
+        print(f"\n  {'kernel'.ljust(width)}  status   time     boot     diagnosis")
         for k in report.kernels:
+            boot = k.boot.get("status", "-")
+            why = k.diagnosis or k.boot.get("diagnosis", "")
             print(
-                f"  {k.kernel_release.ljust(width)}  {k.status:<7}  {k.duration:6.1f}s  {k.diagnosis}"
+                f"  {k.kernel_release.ljust(width)}  {k.status:<7}  {k.duration:6.1f}s  "
+                f"{boot:<7}  {why}"
             )
     print(f"report: {Path(report.out_dir) / 'report.json'}")
 
@@ -66,6 +69,7 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
         modules=args.module or None,
         kernels=kernels,
         out_dir=Path(args.out) if args.out else None,
+        boot_test=args.boot_test,
     )
     report = Pipeline(settings, request, progress=lambda m: print(m, file=sys.stderr)).run()
     if args.publish and report.artifacts:
@@ -81,7 +85,27 @@ def publish_report(report: BuildReport, settings: Settings, suite: str) -> None:
     """Publish what a build produced (every kernel that built, even if others failed)."""
     from builder.repo import publish, repo_root
 
-    debs = [Path(report.out_dir) / name for name in sorted(report.artifacts)]
+    per_kernel = {name for k in report.kernels for name in k.artifacts}
+    names = [n for n in sorted(report.artifacts) if n not in per_kernel]
+    for k in report.kernels:
+        if k.status not in ("built", "cached"):
+            continue
+        if not k.publishable:
+            print(
+                f"moddeb: not publishing {k.kernel_release}: boot test {k.boot['status']}: "
+                f"{k.boot.get('diagnosis', '')}",
+                file=sys.stderr,
+            )
+            continue
+        if settings.require_boot_test and k.boot.get("status") != "passed":
+            print(
+                f"moddeb: not publishing {k.kernel_release}: no passed boot test "
+                "(add --boot-test, or set MODDEB_REQUIRE_BOOT_TEST=0)",
+                file=sys.stderr,
+            )
+            continue
+        names += sorted(k.artifacts)
+    debs = [Path(report.out_dir) / name for name in names]
     result = publish(settings, suite, debs)
     print(
         f"published {len(result.added)} new, {len(result.unchanged)} unchanged into "
@@ -169,6 +193,11 @@ def make_parser() -> argparse.ArgumentParser:
         help="publish the packages into the configured apt repository",
     )
     b.add_argument("--suite", help="repository suite for --publish (default: settings.suite)")
+    b.add_argument(
+        "--boot-test",
+        action="store_true",
+        help="boot each kernel under QEMU and load the module before publishing",
+    )
 
     sub.add_parser("config", help="print the effective settings")
     k = sub.add_parser("kernels", help="list kernel ABIs in the configured archive")

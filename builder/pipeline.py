@@ -42,6 +42,7 @@ class BuildRequest:
     kernels: list[KernelInfo] = field(default_factory=list)
     out_dir: Path | None = None
     job_id: str = ""
+    boot_test: bool = False  # boot each kernel's package under QEMU (builder.boottest)
 
 
 @dataclass
@@ -55,6 +56,12 @@ class KernelResult:
     log_path: str = ""
     artifacts: dict[str, str] = field(default_factory=dict)  # filename -> sha256
     timings: dict[str, float] = field(default_factory=dict)
+    boot: dict[str, Any] = field(default_factory=dict)  # boot test: status, diagnosis, log
+
+    @property
+    def publishable(self) -> bool:
+        """Built, and not refused by a boot test that ran."""
+        return self.status in ("built", "cached") and self.boot.get("status") in (None, "passed")
 
 
 @dataclass
@@ -161,7 +168,11 @@ class Pipeline:
         self.logs.mkdir(exist_ok=True)
         try:
             self._run_stages()
-            failed = [k for k in self.report.kernels if k.status == "failed"]
+            failed = [
+                k
+                for k in self.report.kernels
+                if k.status == "failed" or k.boot.get("status") not in (None, "passed")
+            ]
             self.report.status = "failed" if failed else "succeeded"
         except ModdebError as exc:
             self.report.status = "failed"
@@ -241,6 +252,40 @@ class Pipeline:
         self.dkms_debs = result.debs
         if req.kernels:
             self._build_kernels()
+            if req.boot_test:
+                self._boot_test(fetched.tree)
+
+    def _boot_test(self, source_tree: Path) -> None:
+        """Boot every built kernel under QEMU with its module loaded (and the smoke command)."""
+        from builder.boottest import BootRequest, boot_many, read_smoke
+
+        smoke, expect = read_smoke(source_tree)
+        by_kver = {k.kernel_release: k for k in self.request.kernels}
+        todo = [k for k in self.report.kernels if k.status in ("built", "cached")]
+        with self.stage("boot-test"):
+            items = [
+                BootRequest(
+                    by_kver[k.kernel_release],
+                    [self.out / n for n in sorted(k.artifacts)],
+                    self.logs / f"boot-{k.kernel_release}.log",
+                    smoke,
+                    expect,
+                )
+                for k in todo
+            ]
+            for k, res in zip(todo, boot_many(self.settings, items), strict=True):
+                k.boot = {
+                    "status": res.status,
+                    "diagnosis": res.diagnosis,
+                    "duration": round(res.duration, 3),
+                    "log_path": res.log_path,
+                    "accel": res.accel,
+                    "output": res.output,
+                }
+                self.progress(
+                    f"[{self.request.job_id}] {k.kernel_release}: boot test {res.status}"
+                    + (f": {res.diagnosis}" if res.diagnosis else "")
+                )
 
     def _build_bpf(self, fetched: FetchedSource) -> None:
         """BPF programs: compile, check, verify and package (builder.bpf)."""
