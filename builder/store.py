@@ -191,6 +191,7 @@ class Delivery(Base):
     delivery_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     build_id: Mapped[int | None] = mapped_column(ForeignKey("builds.id"))
     received_at: Mapped[float] = mapped_column(Float, default=now)
+    build: Mapped[Build | None] = relationship()
 
 
 class ApiToken(Base):

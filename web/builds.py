@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from builder.errors import InvalidInput, Transient
@@ -19,6 +19,7 @@ from builder.store import (
     TERMINAL,
     Blob,
     Build,
+    BuildEvent,
     Delivery,
     KernelJob,
     Project,
@@ -140,7 +141,7 @@ def check_upload(filename: str, data: bytes) -> str:
 
 def new_job_id() -> str:
     """A sortable, unique job id (the label of the build's containers and work dirs)."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(6)
 
 
 def record_build(
@@ -156,26 +157,30 @@ def record_build(
     requested_by: str,
     delivery_id: str | None = None,
     note: str = "",
-) -> Build:
-    """Add a queued build, its kernel jobs, its uploaded source and delivery to a session."""
-    b = Build(
-        job_id=new_job_id(),
-        state="queued",
-        trigger=trigger,
-        requested_by=requested_by,
-        source_kind=kind,
-        source=source,
-        ref=ref,
-        project_id=project_id,
-    )
-    s.add(b)
-    s.flush()
-    for k in kernels:
-        s.add(KernelJob(build_id=b.id, **k))
+) -> int:
+    """Insert a queued build, its kernel jobs, uploaded source, delivery and first log line;
+    return its id. Plain INSERTs, not the ORM's unit of work: the webhook path is hot."""
+    conn = s.connection()  # Core on the session's transaction: no ORM bookkeeping
+    build_id: int = conn.execute(
+        insert(Build.__table__)
+        .values(
+            job_id=new_job_id(),
+            state="queued",
+            trigger=trigger,
+            requested_by=requested_by,
+            source_kind=kind,
+            source=source,
+            ref=ref,
+            project_id=project_id,
+        )
+        .returning(Build.__table__.c.id)
+    ).scalar_one()
+    if kernels:
+        conn.execute(insert(KernelJob.__table__), [{"build_id": build_id, **k} for k in kernels])
     if upload is not None:
-        s.add(
-            Blob(
-                build_id=b.id,
+        conn.execute(
+            insert(Blob.__table__).values(
+                build_id=build_id,
                 kind="source",
                 filename=source,
                 sha256=hashlib.sha256(upload).hexdigest(),
@@ -184,9 +189,12 @@ def record_build(
             )
         )
     if delivery_id:
-        s.add(Delivery(delivery_id=delivery_id, build_id=b.id))
-    add_event(s, b.id, "queued", note or f"queued by {requested_by} ({trigger})")
-    return b
+        conn.execute(insert(Delivery.__table__).values(delivery_id=delivery_id, build_id=build_id))
+    message = note or f"queued by {requested_by} ({trigger})"
+    conn.execute(
+        insert(BuildEvent.__table__).values(build_id=build_id, kind="queued", message=message)
+    )
+    return build_id
 
 
 def queue_build(build_id: int) -> None:
@@ -205,7 +213,7 @@ def queue_build(build_id: int) -> None:
 def submit_build(**kwargs: Any) -> int:
     """Record a build (see record_build) in its own transaction, then queue it."""
     with store().session() as s:
-        build_id = record_build(s, **kwargs).id
+        build_id = record_build(s, **kwargs)
     queue_build(build_id)
     return build_id
 
@@ -235,7 +243,7 @@ def rerun_build(old_id: int, trigger: str, who: str) -> int:
             if blob is None:
                 raise InvalidInput(f"build {old_id}'s uploaded source is no longer stored")
             upload = blob.data
-        b = record_build(
+        build_id = record_build(
             s,
             kind=old.source_kind,
             source=old.source,
@@ -247,7 +255,6 @@ def rerun_build(old_id: int, trigger: str, who: str) -> int:
             requested_by=who,
             note=f"re-run of build {old_id} by {who}",
         )
-        build_id = b.id
     queue_build(build_id)
     return build_id
 
@@ -259,7 +266,7 @@ def find_project(s: Session, name: str) -> Project | None:
     return s.scalars(select(Project).where(Project.name == name)).first()
 
 
-def project_kernels(project: Project) -> list[dict[str, str]]:
+def project_kernels(project: Any) -> list[dict[str, str]]:
     """A project's default kernels: the stored ABIs plus newest/suite resolved now."""
     spec = project.default_kernels or {}
     fixed = [dict(k) for k in spec.get("kernels", [])]

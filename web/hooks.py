@@ -12,14 +12,17 @@ import hashlib
 import hmac
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, url_for
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
-from builder.errors import InvalidInput
+from builder.errors import InvalidInput, Transient
 from builder.store import Delivery, Project
-from web.builds import find_project, project_kernels, queue_build, record_build
+from web.builds import PROJECT_RE, project_kernels, queue_build, record_build
 from web.common import ApiError, store
 
 bp = Blueprint("hooks", __name__)
@@ -29,13 +32,15 @@ SHA_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 ZERO_SHA = "0" * 40
 
 
-def _project(name: str) -> Project:
-    """The project (detached from its session), or 404."""
-    with store().session() as s:
-        p = find_project(s, name)
-        if p is None:
-            raise ApiError(404, "unknown-project", f"no project named {name[:64]!r}")
-        return p
+def _project(s: Session, name: str) -> Any:
+    """The project's row (id, name, source_url, ref, secret, default_kernels), or 404."""
+    t = Project.__table__
+    row = None
+    if PROJECT_RE.match(name):
+        row = s.connection().execute(select(t).where(t.c.name == name)).first()
+    if row is None:
+        raise ApiError(404, "unknown-project", f"no project named {name[:64]!r}")
+    return row
 
 
 def _body() -> bytes:
@@ -68,34 +73,49 @@ def _delivery(header: str) -> str:
 
 
 def _accept(
-    provider: str, project: Project, delivery: str, ref: str, what: str
-) -> tuple[Response, int]:
-    """Queue one build for a delivery, or name the build an earlier copy of it queued."""
+    s: Session, provider: str, project: Any, delivery: str, ref: str, what: str
+) -> tuple[int, bool]:
+    """Record one build for a delivery in the handler's session; (build id, is it new)."""
     key = f"{provider}:{delivery}"
-    with store().session() as s:
-        seen = s.get(Delivery, key)
-        if seen is not None:
-            return jsonify({"id": seen.build_id, "duplicate": True}), 200
+    t = Delivery.__table__
+    seen = s.connection().execute(select(t.c.build_id).where(t.c.delivery_id == key)).first()
+    if seen is not None:
+        return seen.build_id or 0, False
+    build_id = record_build(
+        s,
+        kind="git",
+        source=project.source_url,
+        ref=ref,
+        project_id=project.id,
+        kernels=project_kernels(project),
+        trigger=provider,
+        requested_by=f"{provider} delivery {delivery}",
+        delivery_id=key,
+        note=f"{provider} {what}",
+    )
+    return build_id, True
+
+
+def _handle(provider: str, project: str, check: Callable[[Session, Any], Any]) -> Any:
+    """One delivery in one transaction: find the project, let `check` authenticate and parse
+    it (returning (delivery, ref, what), or a Response to send as is), record the build;
+    only after the commit is the build queued."""
     try:
-        kernels = project_kernels(project)
         with store().session() as s:
-            b = record_build(
-                s,
-                kind="git",
-                source=project.source_url,
-                ref=ref,
-                project_id=project.id,
-                kernels=kernels,
-                trigger=provider,
-                requested_by=f"{provider} delivery {delivery}",
-                delivery_id=key,
-                note=f"{provider} {what}",
-            )
-            build_id = b.id
+            p = _project(s, project)
+            outcome = check(s, p)
+            if isinstance(outcome, Response):  # answered without a build (ping, ignored)
+                return outcome
+            delivery, ref, what = outcome
+            build_id, new = _accept(s, provider, p, delivery, ref, what)
     except IntegrityError:  # the same delivery arrived twice at once; the other copy won
         with store().session() as s:
-            seen = s.get(Delivery, key)
-            return jsonify({"id": seen.build_id if seen else None, "duplicate": True}), 200
+            seen = s.get(Delivery, f"{provider}:{delivery}")
+            if seen is None:
+                raise Transient("could not record the delivery; send it again") from None
+            build_id, new = seen.build_id or 0, False
+    if not new:
+        return jsonify({"id": build_id, "duplicate": True}), 200
     queue_build(build_id)
     url = url_for("api.get_build", build_id=build_id)
     return jsonify({"id": build_id, "state": "queued", "url": url}), 202
@@ -111,51 +131,55 @@ def _ref_to_build(ref: str, commit: str) -> tuple[str, str]:
 
 
 @bp.post("/github/<project>")
-def github(project: str) -> tuple[Response, int]:
+def github(project: str) -> Any:
     """A GitHub delivery, signed with X-Hub-Signature-256 (HMAC-SHA256 of the body)."""
-    p = _project(project)
-    body = _body()
-    expected = "sha256=" + hmac.new(p.secret.encode(), body, hashlib.sha256).hexdigest()
-    sent = request.headers.get("X-Hub-Signature-256", "")
-    if not hmac.compare_digest(sent.encode(), expected.encode()):
-        raise ApiError(401, "bad-signature", "X-Hub-Signature-256 does not match the secret")
-    delivery = _delivery("X-GitHub-Delivery")
-    event = request.headers.get("X-GitHub-Event", "")
-    if event == "ping":
-        return jsonify({"pong": True}), 200
-    if event != "push":
-        return jsonify({"ignored": f"event {event[:50]!r} does not trigger builds"}), 200
-    payload = _payload(body)
-    ref, commit = payload.get("ref"), payload.get("after")
-    if not isinstance(ref, str) or not isinstance(commit, str):
-        raise InvalidInput("a push payload needs 'ref' and 'after'")
-    if payload.get("deleted") or commit == ZERO_SHA:
-        return jsonify({"ignored": f"{ref[:100]} was deleted"}), 200
-    if not SHA_RE.match(commit):
-        raise InvalidInput("'after' is not a commit id")
-    checkout, what = _ref_to_build(ref, commit)
-    return _accept("github", p, delivery, checkout, what)
+
+    def check(s: Session, p: Any) -> Any:
+        body = _body()
+        expected = "sha256=" + hmac.new(p.secret.encode(), body, hashlib.sha256).hexdigest()
+        sent = request.headers.get("X-Hub-Signature-256", "")
+        if not hmac.compare_digest(sent.encode(), expected.encode()):
+            raise ApiError(401, "bad-signature", "X-Hub-Signature-256 does not match the secret")
+        delivery = _delivery("X-GitHub-Delivery")
+        event = request.headers.get("X-GitHub-Event", "")
+        if event == "ping":
+            return jsonify({"pong": True})
+        if event != "push":
+            return jsonify({"ignored": f"event {event[:50]!r} does not trigger builds"})
+        payload = _payload(body)
+        ref, commit = payload.get("ref"), payload.get("after")
+        if not isinstance(ref, str) or not isinstance(commit, str):
+            raise InvalidInput("a push payload needs 'ref' and 'after'")
+        if payload.get("deleted") or commit == ZERO_SHA:
+            return jsonify({"ignored": f"{ref[:100]} was deleted"})
+        if not SHA_RE.match(commit):
+            raise InvalidInput("'after' is not a commit id")
+        return (delivery, *_ref_to_build(ref, commit))
+
+    return _handle("github", project, check)
 
 
 @bp.post("/gitlab/<project>")
-def gitlab(project: str) -> tuple[Response, int]:
+def gitlab(project: str) -> Any:
     """A GitLab delivery, authenticated by X-Gitlab-Token (the project's secret)."""
-    p = _project(project)
-    sent = request.headers.get("X-Gitlab-Token", "")
-    if not hmac.compare_digest(sent.encode(), p.secret.encode()):
-        raise ApiError(401, "bad-token", "X-Gitlab-Token does not match the secret")
-    body = _body()
-    delivery = _delivery("X-Gitlab-Event-UUID")
-    event = request.headers.get("X-Gitlab-Event", "")
-    if event not in ("Push Hook", "Tag Push Hook"):
-        return jsonify({"ignored": f"event {event[:50]!r} does not trigger builds"}), 200
-    payload = _payload(body)
-    ref, commit = payload.get("ref"), payload.get("checkout_sha")
-    if not isinstance(ref, str):
-        raise InvalidInput("a push payload needs 'ref'")
-    if commit is None or commit == ZERO_SHA:
-        return jsonify({"ignored": f"{ref[:100]} was deleted"}), 200
-    if not isinstance(commit, str) or not SHA_RE.match(commit):
-        raise InvalidInput("'checkout_sha' is not a commit id")
-    checkout, what = _ref_to_build(ref, commit)
-    return _accept("gitlab", p, delivery, checkout, what)
+
+    def check(s: Session, p: Any) -> Any:
+        sent = request.headers.get("X-Gitlab-Token", "")
+        if not hmac.compare_digest(sent.encode(), p.secret.encode()):
+            raise ApiError(401, "bad-token", "X-Gitlab-Token does not match the secret")
+        body = _body()
+        delivery = _delivery("X-Gitlab-Event-UUID")
+        event = request.headers.get("X-Gitlab-Event", "")
+        if event not in ("Push Hook", "Tag Push Hook"):
+            return jsonify({"ignored": f"event {event[:50]!r} does not trigger builds"})
+        payload = _payload(body)
+        ref, commit = payload.get("ref"), payload.get("checkout_sha")
+        if not isinstance(ref, str):
+            raise InvalidInput("a push payload needs 'ref'")
+        if commit is None or commit == ZERO_SHA:
+            return jsonify({"ignored": f"{ref[:100]} was deleted"})
+        if not isinstance(commit, str) or not SHA_RE.match(commit):
+            raise InvalidInput("'checkout_sha' is not a commit id")
+        return (delivery, *_ref_to_build(ref, commit))
+
+    return _handle("gitlab", project, check)
