@@ -74,6 +74,8 @@ class Settings:
     mirror: str = ""
     security_mirror: str = ""
     base_image: str = ""
+    # Checks the archive's InRelease before moddeb trusts its Packages indexes.
+    archive_keyring: str = "/usr/share/keyrings/debian-archive-keyring.gpg"
     debian_revision: str = "1"
     max_archive_bytes: int = 512 * 1024 * 1024
     max_archive_files: int = 20000

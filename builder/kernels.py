@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
+import logging
 import lzma
 import re
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -18,6 +21,8 @@ from debian.debian_support import version_compare
 
 from builder.config import Settings
 from builder.errors import InvalidInput, Transient
+
+log = logging.getLogger(__name__)
 
 HEADERS_RE = re.compile(
     r"^linux-headers-(?P<kver>\d+\.\d+[.\d]*(?:-\d+|\+deb\d+)-(?P<flavour>[a-z0-9]+(?:-[a-z0-9]+)?))$"
@@ -54,15 +59,57 @@ def suites_for(settings: Settings) -> list[tuple[str, str]]:
     return pairs
 
 
+def _download(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=60) as resp:
+        return bytes(resp.read())
+
+
+def verified_release(settings: Settings, mirror: str, suite: str) -> deb822.Release:
+    """The suite's InRelease, its signature checked with gpgv against the archive keyring."""
+    data = _download(f"{mirror}/dists/{suite}/InRelease")
+    keyring = Path(settings.archive_keyring) if settings.archive_keyring else None
+    if keyring is None:
+        log.warning("archive_keyring is empty: %s index signatures are NOT checked", suite)
+    else:
+        if not keyring.is_file():
+            raise InvalidInput(
+                f"archive keyring {keyring} does not exist",
+                hint="apt-get install debian-archive-keyring, or set MODDEB_ARCHIVE_KEYRING",
+            )
+        with tempfile.TemporaryDirectory() as tmp:
+            signed = Path(tmp) / "InRelease"
+            signed.write_bytes(data)
+            proc = subprocess.run(
+                ["gpgv", "--keyring", str(keyring), str(signed)], capture_output=True, text=True
+            )
+        if proc.returncode != 0:
+            raise Transient(
+                f"the {suite} InRelease signature does not verify: {proc.stderr.strip()}"
+            )
+    text = data.decode("utf-8", errors="replace")
+    body = text.split("\n\n", 1)[1] if text.startswith("-----BEGIN PGP SIGNED") else text
+    body = body.split("\n-----BEGIN PGP SIGNATURE", 1)[0]
+    return deb822.Release(body)
+
+
 def fetch_index(settings: Settings, mirror: str, suite: str, arch: str) -> Path:
-    """Download (or reuse a fresh cached copy of) a suite's main Packages index."""
+    """Download (or reuse a fresh cached copy of) a suite's Packages index, signature-checked.
+
+    The index's SHA256 must match the one in the suite's signed InRelease.
+    """
     cache = settings.cache_root / "indexes" / f"{suite}_{arch}_Packages"
     if cache.is_file() and time.time() - cache.stat().st_mtime < INDEX_TTL:
         return cache
-    url = f"{mirror}/dists/{suite}/main/binary-{arch}/Packages.xz"
+    member = f"main/binary-{arch}/Packages.xz"
     try:
-        with urllib.request.urlopen(url, timeout=60) as resp:
-            data = lzma.decompress(resp.read())
+        release = verified_release(settings, mirror, suite)
+        expected = {row["name"]: row["sha256"] for row in release.get("SHA256", [])}
+        raw = _download(f"{mirror}/dists/{suite}/{member}")
+        if member not in expected:
+            raise Transient(f"the {suite} InRelease does not list {member}")
+        if hashlib.sha256(raw).hexdigest() != expected[member]:
+            raise Transient(f"{suite}/{member} does not match the SHA256 its InRelease signs")
+        data = lzma.decompress(raw)
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise InvalidInput(f"the archive has no suite {suite!r} for {arch}") from None
