@@ -102,6 +102,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     # Publishing is serialized: one task at a time, however the worker was started.
     solo = args.pool == "solo" or PUBLISH_QUEUE in queues
     concurrency = 1 if solo else max(1, args.concurrency or settings.jobs)
+    # A worker is a daemon: its task lines belong in its log whatever `-v` said.
+    for name in ("celery", "builder"):
+        if logging.getLogger(name).getEffectiveLevel() > logging.INFO:
+            logging.getLogger(name).setLevel(logging.INFO)
     if args.recover:
         threading.Thread(target=_recover_loop, args=(settings,), daemon=True).start()
     argv = [

@@ -8,9 +8,9 @@ import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import insert, select
+from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
 from builder.errors import InvalidInput, Transient
@@ -139,6 +139,11 @@ def check_upload(filename: str, data: bytes) -> str:
     return name
 
 
+def table(model: Any) -> Table:
+    """A model's Table, for plain Core statements."""
+    return cast(Table, model.__table__)
+
+
 def new_job_id() -> str:
     """A sortable, unique job id (the label of the build's containers and work dirs)."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(6)
@@ -162,7 +167,7 @@ def record_build(
     return its id. Plain INSERTs, not the ORM's unit of work: the webhook path is hot."""
     conn = s.connection()  # Core on the session's transaction: no ORM bookkeeping
     build_id: int = conn.execute(
-        insert(Build.__table__)
+        insert(table(Build))
         .values(
             job_id=new_job_id(),
             state="queued",
@@ -173,13 +178,13 @@ def record_build(
             ref=ref,
             project_id=project_id,
         )
-        .returning(Build.__table__.c.id)
+        .returning(table(Build).c.id)
     ).scalar_one()
     if kernels:
-        conn.execute(insert(KernelJob.__table__), [{"build_id": build_id, **k} for k in kernels])
+        conn.execute(insert(table(KernelJob)), [{"build_id": build_id, **k} for k in kernels])
     if upload is not None:
         conn.execute(
-            insert(Blob.__table__).values(
+            insert(table(Blob)).values(
                 build_id=build_id,
                 kind="source",
                 filename=source,
@@ -189,10 +194,10 @@ def record_build(
             )
         )
     if delivery_id:
-        conn.execute(insert(Delivery.__table__).values(delivery_id=delivery_id, build_id=build_id))
+        conn.execute(insert(table(Delivery)).values(delivery_id=delivery_id, build_id=build_id))
     message = note or f"queued by {requested_by} ({trigger})"
     conn.execute(
-        insert(BuildEvent.__table__).values(build_id=build_id, kind="queued", message=message)
+        insert(table(BuildEvent)).values(build_id=build_id, kind="queued", message=message)
     )
     return build_id
 

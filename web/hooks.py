@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from builder.errors import InvalidInput, Transient
 from builder.store import Delivery, Project
-from web.builds import PROJECT_RE, project_kernels, queue_build, record_build
+from web.builds import PROJECT_RE, project_kernels, queue_build, record_build, table
 from web.common import ApiError, store
 
 bp = Blueprint("hooks", __name__)
@@ -34,7 +34,7 @@ ZERO_SHA = "0" * 40
 
 def _project(s: Session, name: str) -> Any:
     """The project's row (id, name, source_url, ref, secret, default_kernels), or 404."""
-    t = Project.__table__
+    t = table(Project)
     row = None
     if PROJECT_RE.match(name):
         row = s.connection().execute(select(t).where(t.c.name == name)).first()
@@ -77,7 +77,7 @@ def _accept(
 ) -> tuple[int, bool]:
     """Record one build for a delivery in the handler's session; (build id, is it new)."""
     key = f"{provider}:{delivery}"
-    t = Delivery.__table__
+    t = table(Delivery)
     seen = s.connection().execute(select(t.c.build_id).where(t.c.delivery_id == key)).first()
     if seen is not None:
         return seen.build_id or 0, False
