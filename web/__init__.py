@@ -69,7 +69,6 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_SECURE=settings.public_url.startswith("https://"),
-        JSON_SORT_KEYS=False,
     )
     enqueue = test_config.pop("MODDEB_ENQUEUE", None) or _celery_enqueue(settings)
     catalog = test_config.pop("MODDEB_CATALOG", None)

@@ -91,3 +91,70 @@ def test_module_entry_point_reports_errors_with_their_code(
     monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
     assert main(["user", "create", "x", "--password-stdin"]) == 2
     assert "error [invalid-input]" in capsys.readouterr().err
+
+
+class FakeChildren:
+    """Stands in for serve's child processes."""
+
+    made: list[list[list[str]]] = []
+
+    def __init__(self, commands: list[list[str]]) -> None:
+        FakeChildren.made.append(commands)
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+
+@pytest.mark.parametrize(
+    ("broker", "flag", "build_worker"),
+    [("", "auto", True), ("redis://127.0.0.1:6399/0", "auto", False), ("redis://x/0", "yes", True)],
+)
+def test_serve_runs_the_publisher_and_a_build_worker_only_when_embedded(
+    tmp_path: Path, monkeypatch, capsys, broker: str, flag: str, build_worker: bool
+) -> None:
+    """serve always runs the one-at-a-time publisher; a build worker only without a broker."""
+    import gunicorn.app.base
+
+    settings = load_settings(
+        env={"MODDEB_HOME": str(tmp_path / "home"), "MODDEB_BROKER_URL": broker}
+    )
+    FakeChildren.made = []
+    monkeypatch.setattr("builder.service_cli._Children", FakeChildren)
+    ran = []
+
+    def fake_run(self):
+        self.load_config()
+        ran.append((self.cfg.bind, self.cfg.workers))
+        self.cfg.when_ready(None)
+
+    monkeypatch.setattr(gunicorn.app.base.BaseApplication, "run", fake_run)
+    args = parse("serve", "--listen", "127.0.0.1:8099", "--build-worker", flag)
+    assert SERVICE_COMMANDS["serve"](args, settings) == 0
+    (commands,) = FakeChildren.made
+    tails = [c[c.index("worker") :] for c in commands]
+    assert tails[0] == ["worker", "--queues", "publish", "--pool", "solo", "--recover"]
+    assert (["worker", "--queues", "build"] in tails) == build_worker
+    assert len(tails) == (2 if build_worker else 1)
+    assert ran == [(["127.0.0.1:8099"], 2)]
+    out = capsys.readouterr().out
+    assert "moddeb: serving on http://127.0.0.1:8099/" in out
+    assert ("embedded" in out) == (not broker)
+
+
+def test_worker_starts_celery_on_the_build_queue(settings, monkeypatch) -> None:
+    """`moddeb worker` consumes the build queue with `jobs` threads; publish is forced solo."""
+    from builder import tasks
+
+    calls = []
+    monkeypatch.setattr(tasks.app, "worker_main", lambda argv: calls.append(argv))
+    SERVICE_COMMANDS["worker"](parse("worker"), settings)
+    SERVICE_COMMANDS["worker"](
+        parse("worker", "--queues", "publish", "--pool", "threads"), settings
+    )
+    build, publish = calls
+    assert "--queues=build" in build and "--pool=threads" in build
+    assert f"--concurrency={settings.jobs}" in build
+    assert "--pool=solo" in publish and "--concurrency=1" in publish
