@@ -206,17 +206,19 @@ class Pipeline:
                     self.report.kind = "bpf"
                 else:
                     raise
+            else:
+                self.layout = layout
+                self.report.name = layout.name
+                self.report.upstream_version = layout.upstream_version
+                self.report.layout = {
+                    "style": layout.style,
+                    "build_dir": layout.build_dir,
+                    "modules": layout.modules,
+                    "own_dkms_conf": layout.dkms_conf is not None,
+                }
         if self.report.kind == "bpf":
             self._build_bpf(fetched)
             return
-            self.layout = layout
-            self.report.name, self.report.upstream_version = layout.name, layout.upstream_version
-            self.report.layout = {
-                "style": layout.style,
-                "build_dir": layout.build_dir,
-                "modules": layout.modules,
-                "own_dkms_conf": layout.dkms_conf is not None,
-            }
         with self.stage("scaffold"):
             pkg_tree = self.work / "pkg" / f"{layout.name}-{layout.upstream_version}"
             shutil.copytree(fetched.tree, pkg_tree, symlinks=True)

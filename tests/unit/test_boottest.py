@@ -377,6 +377,18 @@ def test_the_uncompressed_kernel_is_extracted_for_a_direct_pvh_boot() -> None:
     assert extract_vmlinux(b"not a kernel") is None
 
 
+def write_index(packages_xz: Path, text: str) -> None:
+    """Write a suite's Packages.xz and the (unsigned) InRelease that lists its SHA256."""
+    packed = lzma.compress(text.encode())
+    packages_xz.parent.mkdir(parents=True, exist_ok=True)
+    packages_xz.write_bytes(packed)
+    suite_dir = packages_xz.parents[2]
+    (suite_dir / "InRelease").write_text(
+        f"Suite: {suite_dir.name}\nSHA256:\n"
+        f" {hashlib.sha256(packed).hexdigest()} {len(packed)} main/binary-amd64/Packages.xz\n"
+    )
+
+
 def fake_archive(tmp_path: Path, kver: str) -> tuple[Settings, Path]:
     """A file:// archive with one linux-image package (vmlinuz, config, two modules)."""
     elf = b"\x7fELF" + b"vmlinux" * 50
@@ -406,12 +418,12 @@ def fake_archive(tmp_path: Path, kver: str) -> tuple[Settings, Path]:
         f"SHA256: {hashlib.sha256(data).hexdigest()}\n\n"
     )
     dists = archive / "dists/bookworm/main/binary-amd64"
-    dists.mkdir(parents=True)
-    (dists / "Packages.xz").write_bytes(lzma.compress(index.encode()))
-    updates = archive / "dists/bookworm-updates/main/binary-amd64"
-    updates.mkdir(parents=True)
-    (updates / "Packages.xz").write_bytes(lzma.compress(b""))
-    settings = Settings(home=tmp_path / "home", mirror=f"file://{archive}", security_mirror="")
+    write_index(dists / "Packages.xz", index)
+    write_index(archive / "dists/bookworm-updates/main/binary-amd64/Packages.xz", "")
+    # The index signature is tested in test_archive_index.py; this archive is unsigned.
+    settings = Settings(
+        home=tmp_path / "home", mirror=f"file://{archive}", security_mirror="", archive_keyring=""
+    )
     return settings, dists / "Packages.xz"
 
 
@@ -458,7 +470,7 @@ def test_a_kernel_package_that_fails_its_checksum_is_not_cached(
     settings, packages = fake_archive(tmp_path, "9.9.8-test")
     text = lzma.decompress(packages.read_bytes()).decode()
     text = re.sub(r"SHA256: \w+", "SHA256: " + "0" * 64, text)
-    packages.write_bytes(lzma.compress(text.encode()))
+    write_index(packages, text)
     with pytest.raises(Transient, match="does not match the archive index"):
         ensure_kernel(settings, KernelInfo("9.9.8-test", "test", "bookworm", "9-1"))
     assert [p.name for p in (settings.cache_root / "boot").iterdir()] == []
