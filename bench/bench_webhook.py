@@ -101,6 +101,12 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def children(pid: int) -> list[int]:
     """Direct child pids of a process."""
     path = Path(f"/proc/{pid}/task/{pid}/children")
@@ -245,6 +251,9 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=15)
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--broker", choices=["redis", "embedded"], default="redis")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="gthread workers with this many threads (0: sync)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temporary home")
     args = ap.parse_args()
 
@@ -283,6 +292,11 @@ def main() -> int:
                 "--log-level",
                 "warning",
                 "--no-control-socket",
+                *(
+                    ["--worker-class", "gthread", "--threads", str(args.threads)]
+                    if args.threads
+                    else []
+                ),
                 "web:create_app()",
             ],
             env=env,
@@ -320,7 +334,9 @@ def main() -> int:
         }
         url = f"{base}/hooks/github/bench"
         run_load("warmup", url, body, headers, 2, args.connections, tmp)  # not counted
+        cpu_before = sum(cpu_seconds(p) for p in web_pids)
         tool, r = run_load("bench", url, body, headers, args.duration, args.connections, tmp)
+        web_cpu_ms = (sum(cpu_seconds(p) for p in web_pids) - cpu_before) * 1000
         seconds = r["duration_us"] / 1e6
         accepted = r["statuses"].get("202", 0)
         time.sleep(1)  # requests in flight when the load tool stopped still complete
@@ -351,12 +367,18 @@ def main() -> int:
         rps = r["requests"] / seconds
         print(
             f"broker: {args.broker}; load: {tool}, {args.connections} connections, "
-            f"{seconds:.1f}s; gunicorn: 2 sync workers on 127.0.0.1"
+            f"{seconds:.1f}s; gunicorn: 2 "
+            + (f"gthread workers x {args.threads} threads" if args.threads else "sync workers")
+            + " on 127.0.0.1"
         )
         print(f"requests/s: {rps:.0f}   (target >= 300)")
         print(
             f"latency ms: p50 {r['p50_us'] / 1000:.1f}  p90 {r['p90_us'] / 1000:.1f}  "
             f"p99 {p99_ms:.1f}  max {r['max_us'] / 1000:.1f}   (target p99 < 50)"
+        )
+        print(
+            f"web CPU per request: {web_cpu_ms / max(1, r['requests']):.2f} ms "
+            f"(both gunicorn workers; machine load average {os.getloadavg()[0]:.2f})"
         )
         print(f"answers: {r['statuses']}  socket errors: {r['errors']}")
         print(
