@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -244,6 +245,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     vt = visibility_timeout(settings)
     url = broker_url(settings)
     if url.startswith("sqla+"):
+        use_sqlite_pragmas()
         # kombu hands these to SQLAlchemy's create_engine: wait out SQLite's write lock.
         transport: dict[str, Any] = {"connect_args": {"timeout": 30}}
     else:
@@ -282,6 +284,8 @@ def make_celery(settings: Settings, name: str = "moddeb") -> Any:
 # --- sessions -----------------------------------------------------------------------------
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     """WAL lets the web read while a worker writes; busy_timeout waits out short locks."""
+    if not isinstance(dbapi_connection, sqlite3.Connection):
+        return
     cur = dbapi_connection.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
@@ -296,10 +300,15 @@ def make_engine(url: str) -> Engine:
         path = url.removeprefix("sqlite:///")
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    engine = create_engine(url, pool_pre_ping=not url.startswith("sqlite"))
-    if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
-    return engine
+    use_sqlite_pragmas()
+    return create_engine(url, pool_pre_ping=not url.startswith("sqlite"))
+
+
+def use_sqlite_pragmas() -> None:
+    """Tune every SQLite connection of this process, kombu's broker file included (kombu
+    makes that engine itself): without WAL each enqueue waits for an fsync."""
+    if not event.contains(Engine, "connect", _sqlite_pragmas):
+        event.listen(Engine, "connect", _sqlite_pragmas)
 
 
 class Store:
