@@ -31,7 +31,7 @@ from builder.detect import (
 from builder.dkms import first_error_line, sha256_file
 from builder.errors import BuildFailed, InvalidInput, ModdebError
 from builder.kernels import build_arch
-from builder.runner import Limits, Runner
+from builder.runner import Runner, limits_from
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def _compile(
         image,
         ["/bin/sh", "-ec", compile_script(layout, arch, btf is not None)],
         log_path=log_path,
-        limits=Limits(settings.container_memory, settings.container_pids, settings.step_timeout),
+        limits=limits_from(settings),
         inputs=inputs,
         outputs={"/build/out": outbox},
         env={"LC_ALL": "C.UTF-8"},

@@ -22,7 +22,7 @@ from builder import images
 from builder.bpf_checks import parse_elf
 from builder.config import Settings
 from builder.errors import InvalidInput, Transient
-from builder.runner import Limits, Runner
+from builder.runner import Runner, limits_from
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def kernel_btf(settings: Settings, runner: Runner, kernel_release: str) -> Path:
             None,
             {},
             log_path,
-            Limits(settings.container_memory, settings.container_pids, settings.step_timeout),
+            limits_from(settings),
             outputs={"/build/out": Path(tmp)},
         )
         if not result.ok:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import email.utils
 import gzip
-import hashlib
 import os
 import shutil
 import subprocess
@@ -25,8 +24,9 @@ from typing import TYPE_CHECKING
 from debian import changelog, deb822
 
 from builder.config import Settings
+from builder.debpack import installed_size_kib, pack_deb
 from builder.dkms import SUPPRESSED_LINTIAN
-from builder.errors import BuildFailed, InvalidInput
+from builder.errors import InvalidInput
 from builder.scaffold import check_field, check_maintainer, render
 
 if TYPE_CHECKING:
@@ -145,32 +145,12 @@ def _control(template: Path, values: dict[str, str]) -> str:
 
 
 def _build_one(root: Path, package: str, control: str, epoch: int, target: Path) -> Path:
-    """Write DEBIAN/control and md5sums, normalise modes and dates, run dpkg-deb."""
-    debian_dir = root / "DEBIAN"
-    debian_dir.mkdir()
-    (debian_dir / "control").write_text(control, encoding="utf-8")
-    sums = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and debian_dir not in p.parents):
-        digest = hashlib.md5(path.read_bytes()).hexdigest()  # noqa: S324 - dpkg's format
-        sums.append(f"{digest}  {path.relative_to(root)}\n")
-    (debian_dir / "md5sums").write_text("".join(sums))
-    for path in root.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-        os.utime(path, (epoch, epoch))
-    os.utime(root, (epoch, epoch))
-    proc = subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(target)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)},
-    )
-    if proc.returncode != 0:
-        raise BuildFailed(f"dpkg-deb failed for {package}: {proc.stderr.strip()}")
-    return target
+    """Build one package of the pair from its laid-out tree (builder.debpack)."""
+    return pack_deb(root, target, control=control, epoch=epoch)
 
 
 def _installed_kib(root: Path) -> str:
-    return str(sum((p.stat().st_size + 1023) // 1024 for p in root.rglob("*") if p.is_file()))
+    return str(installed_size_kib(root))
 
 
 def assemble_debs(

@@ -8,7 +8,7 @@ import logging
 from builder import images
 from builder.config import Settings
 from builder.errors import Transient
-from builder.runner import Limits, Runner
+from builder.runner import Runner, limits_from
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,7 @@ def _make_bpf_image(settings: Settings, runner: Runner, base: str, tag: str) -> 
         tag,
         {"moddeb.kind": "bpf", "moddeb.base": base},
         log_path,
-        Limits(
-            memory=settings.container_memory,
-            pids=settings.container_pids,
-            timeout=settings.step_timeout,
-        ),
+        limits_from(settings),
     )
     if not result.ok:
         raise Transient(

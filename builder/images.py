@@ -15,7 +15,7 @@ from pathlib import Path
 
 from builder.config import Settings
 from builder.errors import InvalidInput, Transient
-from builder.runner import Limits, Runner
+from builder.runner import Runner, limits_from
 
 log = logging.getLogger(__name__)
 
@@ -152,11 +152,7 @@ def _make_kernel_image(
         tag,
         {"moddeb.kind": "kernel", "moddeb.kernel": kernel_release, "moddeb.base": base},
         log_path,
-        Limits(
-            memory=settings.container_memory,
-            pids=settings.container_pids,
-            timeout=settings.step_timeout,
-        ),
+        limits_from(settings),
     )
     if not result.ok:
         raise Transient(

@@ -10,7 +10,6 @@ import gzip
 import hashlib
 import json
 import logging
-import os
 import shutil
 import subprocess
 import tempfile
@@ -24,11 +23,12 @@ from debian import changelog, deb822, debfile
 
 from builder import images
 from builder.config import Settings
+from builder.debpack import installed_size_kib, pack_deb
 from builder.dkms import first_error_line, sha256_file
 from builder.errors import BuildFailed, ModdebError
 from builder.kernels import KernelInfo, build_arch
 from builder.pipeline import KernelResult
-from builder.runner import Limits, Runner
+from builder.runner import Runner, limits_from
 from builder.scaffold import render
 
 if TYPE_CHECKING:
@@ -167,9 +167,6 @@ def assemble_deb(
         doc.mkdir(parents=True)
         (doc / "changelog.Debian.gz").write_bytes(pkg.changelog_gz)
         (doc / "copyright").write_bytes(pkg.copyright)
-        installed_kib = sum(
-            (p.stat().st_size + 1023) // 1024 for p in root.rglob("*") if p.is_file()
-        )
         values = {
             "package": package,
             "source_package": pkg.name,
@@ -177,49 +174,20 @@ def assemble_deb(
             "version": pkg.version,
             "arch": arch,
             "maintainer": pkg.maintainer,
-            "installed_size": str(installed_kib),
+            "installed_size": str(installed_size_kib(root)),
             "kernel_release": kver,
         }
-        debian_dir = root / "DEBIAN"
-        debian_dir.mkdir()
         with open(templates / "control.in", encoding="utf-8") as fh:
             template = deb822.Deb822(fh)
         control = deb822.Deb822()
         for key, value in template.items():
             control[key] = render(value, values)
-        (debian_dir / "control").write_text(control.dump(), encoding="utf-8")
-        for script in ("postinst", "postrm"):
-            path = debian_dir / script
-            path.write_text(render((templates / f"{script}.in").read_text(), values))
-            path.chmod(0o755)
-        sums = []
-        for path in sorted(
-            p for p in root.rglob("*") if p.is_file() and debian_dir not in p.parents
-        ):
-            digest = hashlib.md5(path.read_bytes()).hexdigest()  # noqa: S324 - dpkg's format
-            sums.append(f"{digest}  {path.relative_to(root)}\n")
-        (debian_dir / "md5sums").write_text("".join(sums))
-        for path in root.rglob("*"):
-            if not path.is_symlink():
-                path.chmod(
-                    0o755
-                    if path.is_dir()
-                    or path.parent == debian_dir
-                    and path.name in ("postinst", "postrm")
-                    else 0o644
-                )
-            os.utime(path, (pkg.date_epoch, pkg.date_epoch), follow_symlinks=False)
-        os.utime(root, (pkg.date_epoch, pkg.date_epoch))
+        scripts = {
+            name: render((templates / f"{name}.in").read_text(), values)
+            for name in ("postinst", "postrm")
+        }
         target = out_dir / deb_filename(pkg.name, kver, pkg.version, arch)
-        env = {**os.environ, "SOURCE_DATE_EPOCH": str(pkg.date_epoch)}
-        proc = subprocess.run(
-            ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(target)],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        if proc.returncode != 0:
-            raise BuildFailed(f"dpkg-deb failed for {package}: {proc.stderr.strip()}")
+        pack_deb(root, target, control=control.dump(), epoch=pkg.date_epoch, scripts=scripts)
     return target
 
 
@@ -302,9 +270,7 @@ def _build(
             image,
             ["/bin/sh", "-ec", script],
             log_path=log_path,
-            limits=Limits(
-                settings.container_memory, settings.container_pids, settings.step_timeout
-            ),
+            limits=limits_from(settings),
             inputs={"/build/in": inbox},
             outputs={"/build/out": outbox},
             env={"LANG": "C"},  # ASCII quotes in compiler diagnostics

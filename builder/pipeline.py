@@ -21,7 +21,7 @@ from builder.detect import Layout, detect_layout
 from builder.dkms import build_dkms_package, sha256_file
 from builder.errors import BuildFailed, InvalidInput, ModdebError
 from builder.kernels import KernelInfo
-from builder.runner import Limits, Runner
+from builder.runner import Runner, limits_from
 from builder.scaffold import write_debian_dir
 from builder.sources import FetchedSource, fetch_source
 
@@ -135,9 +135,7 @@ class Pipeline:
         )
         self.layout: Layout | None = None
         self.dkms_debs: list[Path] = []
-        self.limits = Limits(
-            settings.container_memory, settings.container_pids, settings.step_timeout
-        )
+        self.limits = limits_from(settings)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[StageRecord]:

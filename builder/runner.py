@@ -16,6 +16,7 @@ import docker.errors
 import requests.exceptions
 
 from builder.archive import extract_tar_stream
+from builder.config import Settings
 from builder.errors import BuildFailed, Transient
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,11 @@ class Limits:
     timeout: int = 1800
 
 
+def limits_from(settings: Settings) -> Limits:
+    """The container limits the settings ask for."""
+    return Limits(settings.container_memory, settings.container_pids, settings.step_timeout)
+
+
 def _tar_of(inputs: dict[str, Path]) -> bytes:
     """Pack host directories into one tar whose members land at the given container paths."""
     buf = io.BytesIO()
@@ -104,6 +110,11 @@ class Runner:
         return {LABEL: "1", f"{LABEL}.owner": self.owner, **extra}
 
     # images -----------------------------------------------------------------
+    def _image_changes(self, labels: dict[str, str]) -> list[str]:
+        """Dockerfile-style changes giving an image moddeb's labels and a shell."""
+        merged = {**self.labels(), **labels}
+        return [*(f'LABEL {k}="{v}"' for k, v in merged.items()), 'CMD ["/bin/bash"]']
+
     def has_image(self, tag: str) -> bool:
         """True when the engine holds an image with this tag."""
         try:
@@ -119,8 +130,7 @@ class Runner:
     def import_rootfs(self, rootfs_tar: Path, tag: str, labels: dict[str, str]) -> None:
         """Make an image from a root filesystem tarball (no registry needed)."""
         repo, _, version = tag.partition(":")
-        changes = [f'LABEL {k}="{v}"' for k, v in {**self.labels(), **labels}.items()]
-        changes.append('CMD ["/bin/bash"]')
+        changes = self._image_changes(labels)
         # import_image_from_stream sends a chunked body that dockerd 20.10 rejects
         # ("header line too long"); a file object gets a Content-Length and streams.
         with open(rootfs_tar, "rb") as fh:
@@ -266,10 +276,7 @@ class Runner:
             if result.ok and commit:
                 tag, commit_labels = commit
                 repo, _, version = tag.partition(":")
-                changes = [
-                    f'LABEL {k}="{v}"' for k, v in {**self.labels(), **commit_labels}.items()
-                ]
-                changes.append('CMD ["/bin/bash"]')
+                changes = self._image_changes(commit_labels)
                 container.commit(repository=repo, tag=version or "latest", changes=changes)
             log.info("step %s in %s: exit %s after %.1fs", name, image, exit_code, duration)
             return result
