@@ -230,10 +230,11 @@ class Service:
         raise AssertionError(f"build {build_id} did not get there in {timeout}s: {build}\n{logs}")
 
 
-def service_env(home: Path, shared_cache: Path, **settings: str) -> dict[str, str]:
-    """The environment of a service process: its own home, the session's shared caches."""
+def service_env(home: Path, shared_cache: Path | None, **settings: str) -> dict[str, str]:
+    """The environment of a service process: its own home and, unless None, the session's
+    shared caches (archive indexes, but also finished -dkms and per-kernel results)."""
     home.mkdir(parents=True, exist_ok=True)
-    if not (home / "cache").exists():
+    if shared_cache is not None and not (home / "cache").exists():
         (home / "cache").symlink_to(shared_cache)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODDEB_")}
     env["MODDEB_HOME"] = str(home)
@@ -483,7 +484,8 @@ def test_a_worker_killed_mid_build_has_its_work_rerun_and_published_once(
     job_id = ""
     try:
         service.serve()
-        first = service.worker(service_env(tmp_path / "w1", shared_home, **shared), "worker-1")
+        # Workers with caches of their own: a cached result would finish before the kill.
+        first = service.worker(service_env(tmp_path / "w1", None, **shared), "worker-1")
         build_id = service.submit_hello(KERNEL)
         running = service.wait(
             build_id,
@@ -501,7 +503,7 @@ def test_a_worker_killed_mid_build_has_its_work_rerun_and_published_once(
         killed_at = time.monotonic()
         status, build = service.request("GET", f"/api/v1/builds/{build_id}")
         assert build["state"] == "running"
-        service.worker(service_env(tmp_path / "w2", shared_home, **shared), "worker-2")
+        service.worker(service_env(tmp_path / "w2", None, **shared), "worker-2")
         check_finished_hello(service, build_id)
         assert time.monotonic() - killed_at < 300
     finally:
