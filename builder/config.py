@@ -112,6 +112,7 @@ class Settings:
     boot_smoke_timeout: int = 60  # seconds the source's smoke command may run inside the VM
     boot_memory: str = "512M"  # qemu -m
     require_boot_test: int = 1  # 1: publish only packages whose boot test passed; 0: warn only
+    service_boot_test: int = 1  # the service boot-tests every kernel it builds (0: never)
     # eBPF helper packages (builder/bpf.py). bpf_vmlinux_btf "" means the vmlinux.h the
     # source carries; a kernel BTF, vmlinux or vmlinuz file (e.g. /sys/kernel/btf/vmlinux)
     # or linux-image-KVER (from the archive) means generate vmlinux.h from that BTF.

@@ -105,6 +105,18 @@ def read_dkms_deb(path: Path) -> DkmsPackage:
     )
 
 
+def smoke_tree(dkms_deb: Path, dest: Path) -> Path:
+    """Copy the source's top-level moddeb-smoke.sh (if any) out of a -dkms .deb into dest."""
+    deb = debfile.DebFile(str(dkms_deb))
+    for member in deb.data.tgz().getmembers():
+        parts = member.name.lstrip("./").split("/")
+        if len(parts) == 4 and parts[:2] == ["usr", "src"] and parts[3] == "moddeb-smoke.sh":
+            data = deb.data.get_content(member.name)
+            if data is not None:
+                (dest / "moddeb-smoke.sh").write_bytes(data)
+    return dest
+
+
 def package_name(name: str, kernel_release: str) -> str:
     """NAME-modules-KVER, lower-cased as Debian package names must be."""
     return f"{name}-modules-{kernel_release}".lower()

@@ -285,6 +285,12 @@ def run_build(settings: Settings, build_id: int) -> None:
             for filename in sorted(report.artifacts):
                 _store_blob(s, build_id, "dkms", Path(report.out_dir) / filename)
             b.dkms_done = 1
+            if report.kind == "bpf":
+                # CO-RE objects: the one NAME-bpf package serves every kernel asked for.
+                for k in b.kernels:
+                    if k.state not in TERMINAL:
+                        k.state = "succeeded"
+                        k.diagnosis = "BPF (CO-RE): the NAME-bpf package serves this kernel"
             add_event(s, build_id, "dkms", f"built {', '.join(sorted(report.artifacts))}")
     fan_out(settings, build_id)
 
@@ -370,6 +376,9 @@ def run_build_kernel(settings: Settings, build_id: int, kernel_release: str) -> 
             result = build_kernel_package(
                 settings, runner, deb, kernel, tmp_dir / "out", log_dir, {"moddeb.job": job_id}
             )
+        boot = None
+        if result.status in ("built", "cached") and settings.service_boot_test:
+            boot = _boot_test(settings, kernel, deb, tmp_dir / "out", result.artifacts, log_dir)
         log_text = _read_logs(log_dir)() or ""
         with store.session() as s:
             kj = s.get(KernelJob, kj_id)
@@ -379,8 +388,14 @@ def run_build_kernel(settings: Settings, build_id: int, kernel_release: str) -> 
                 )
                 return
             ok = result.status in ("built", "cached")
+            diagnosis = "" if ok else result.diagnosis
+            if ok and boot is not None:
+                boot_line = f"boot test {boot.status}: {boot.diagnosis}"
+                add_event(s, build_id, "kernel", f"{kernel_release}: {boot_line}")
+                if boot.status != "passed" and settings.require_boot_test:
+                    ok, diagnosis = False, boot_line
             kj.state = "succeeded" if ok else "failed"
-            kj.diagnosis = "" if ok else result.diagnosis
+            kj.diagnosis = diagnosis
             kj.duration = result.duration
             kj.log = tail(log_text)
             if ok:
@@ -394,6 +409,26 @@ def run_build_kernel(settings: Settings, build_id: int, kernel_release: str) -> 
                 + (f": {result.diagnosis}" if result.diagnosis else ""),
             )
     maybe_publish(settings, build_id)
+
+
+def _boot_test(
+    settings: Settings,
+    kernel: Any,
+    dkms_deb: Path,
+    out_dir: Path,
+    artifacts: dict[str, str],
+    log_dir: Path,
+) -> Any:
+    """Boot the kernel under QEMU with the built module; the smoke script rides in the -dkms."""
+    from builder.boottest import boot_test, read_smoke
+    from builder.mkbmdeb import smoke_tree
+
+    with tempfile.TemporaryDirectory() as tmp:
+        smoke, expect = read_smoke(smoke_tree(dkms_deb, Path(tmp)))
+    debs = [out_dir / name for name in sorted(artifacts)]
+    return boot_test(
+        settings, kernel, debs, log_dir / f"boot-{kernel.kernel_release}.log", smoke, expect
+    )
 
 
 def maybe_publish(settings: Settings, build_id: int) -> None:

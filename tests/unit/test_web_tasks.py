@@ -40,6 +40,7 @@ class Recorder:
         self.published: list[list[str]] = []
         self.pipeline_runs = 0
         self.kernel_runs: list[str] = []
+        self.booted: list[str] = []
 
 
 @pytest.fixture
@@ -47,7 +48,14 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Settings on a throwaway home, and fakes for everything that needs Docker."""
     settings = load_settings(env={"MODDEB_HOME": str(tmp_path / "home")})
     rec = Recorder()
-    outcome = {"pipeline": "succeeded", "kernel": {}, "image": None, "publish": None}
+    outcome = {
+        "pipeline": "succeeded",
+        "kernel": {},
+        "image": None,
+        "publish": None,
+        "boot": {},
+        "kind": "module",
+    }
 
     class FakePipeline:
         def __init__(self, s: Settings, request: Any, progress=None, runner=None) -> None:
@@ -71,6 +79,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                 artifacts={},
                 out_dir=str(out),
                 layout={"modules": ["hello"]},
+                kind=outcome["kind"],
             )
             if status == "succeeded":
                 (out / DKMS_DEB).write_bytes(b"dkms deb")
@@ -107,6 +116,12 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         rec.published.append(sorted(Path(d).name for d in debs))
         return sorted(Path(d).name for d in debs)
 
+    def fake_boot(s, kernel, dkms_deb, out_dir, artifacts, log_dir):
+        rec.booted.append(kernel.kernel_release)
+        status, diagnosis = outcome["boot"].get(kernel.kernel_release, ("passed", "loaded hello"))
+        return SimpleNamespace(status=status, diagnosis=diagnosis)
+
+    monkeypatch.setattr(tasks, "_boot_test", fake_boot)
     monkeypatch.setattr("builder.pipeline.Pipeline", FakePipeline)
     monkeypatch.setattr("builder.mkbmdeb.build_kernel_package", fake_kernel_package)
     monkeypatch.setattr("builder.images.ensure_kernel_image", fake_image)
@@ -558,3 +573,36 @@ def test_the_package_name_falls_back_to_the_dkms_package(env: Any, monkeypatch) 
     monkeypatch.setattr("builder.pipeline.Pipeline", Nameless)
     tasks.run_build(env.settings, build_id)
     assert load(env, build_id).name == "hello"
+
+
+def test_a_kernel_whose_boot_test_fails_is_not_published(env: Any) -> None:
+    """The service boot-tests every kernel; a module that does not load is kept out."""
+    env.outcome["boot"] = {
+        "6.12.117+deb12-amd64": ("failed", "insmod hello failed: No such device (-19)")
+    }
+    build_id = new_build(env, kernels=("6.1.0-57-amd64", "6.12.117+deb12-amd64"))
+    tasks.run_build(env.settings, build_id)
+    for kver in ("6.1.0-57-amd64", "6.12.117+deb12-amd64"):
+        tasks.run_build_kernel(env.settings, build_id, kver)
+    tasks.run_publish(env.settings, build_id)
+    assert sorted(env.rec.booted) == ["6.1.0-57-amd64", "6.12.117+deb12-amd64"]
+    with env.store.session() as s:
+        b = s.get(Build, build_id)
+        states = {k.kernel_release: (k.state, k.diagnosis) for k in b.kernels}
+        assert b.state == "failed"
+    assert states["6.1.0-57-amd64"] == ("succeeded", "")
+    assert states["6.12.117+deb12-amd64"][0] == "failed"
+    assert "boot test failed: insmod hello failed" in states["6.12.117+deb12-amd64"][1]
+    assert env.rec.published == [[DKMS_DEB, "hello-modules-6.1.0-57-amd64_1.0-1_amd64.deb"]]
+
+
+def test_a_bpf_build_needs_no_kernel_task(env: Any) -> None:
+    """A BPF source's packages serve every kernel: no per-kernel build, straight to publish."""
+    env.outcome["kind"] = "bpf"
+    build_id = new_build(env)
+    tasks.run_build(env.settings, build_id)
+    assert env.rec.kernel_runs == []
+    assert ("moddeb.publish", [build_id]) in env.rec.sent
+    tasks.run_publish(env.settings, build_id)
+    with env.store.session() as s:
+        assert s.get(Build, build_id).state == "succeeded"
