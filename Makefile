@@ -26,6 +26,9 @@ lint:
 
 bench:
 	$(PY) bench/bench_kernel_path.py
+	$(PY) bench/bench_publish.py
+	$(PY) bench/bench_boottest.py
+	$(PY) bench/bench_webhook.py
 
 clean:
 	rm -rf out .pytest_cache .ruff_cache .mypy_cache
