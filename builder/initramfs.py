@@ -7,6 +7,7 @@ from __future__ import annotations
 import fnmatch
 import gzip
 import lzma
+import re
 import shlex
 import shutil
 import struct
@@ -340,17 +341,8 @@ def build_initramfs(
     busybox: Path | None = None,
 ) -> Path:
     """Write the initramfs: /init, /bin/busybox (+ sh), /moddeb/{load,env,smoke.sh,modules/}."""
-    busybox = busybox or DEFAULT_BUSYBOX
-    check_static(busybox)
-    entries = [dir_entry(d) for d in ("bin", "dev", "proc", "sys", "tmp", "moddeb")]
-    entries += [
-        chardev_entry("dev/console", 5, 1),
-        chardev_entry("dev/null", 1, 3),
-        file_entry("bin/busybox", busybox.read_bytes(), executable=True),
-        symlink_entry("bin/sh", "busybox"),
-        file_entry("init", init_script.encode(), executable=True),
-        dir_entry("moddeb/modules"),
-    ]
+    entries = base_entries(init_script, busybox)
+    entries.append(dir_entry("moddeb/modules"))
     lines = []
     for step in steps:
         file = f"{step.name}.ko"
@@ -367,3 +359,58 @@ def build_initramfs(
         entries.append(file_entry("moddeb/smoke.sh", smoke.encode(), executable=True))
     out.write_bytes(gzip.compress(newc_bytes(entries), compresslevel=1, mtime=0))
     return out
+
+
+def base_entries(init_script: str, busybox: Path | None = None) -> list[CpioEntry]:
+    """What every boot-test initramfs holds: the top directories, /dev nodes, busybox, /init."""
+    busybox = busybox or DEFAULT_BUSYBOX
+    check_static(busybox)
+    entries = [dir_entry(d) for d in ("bin", "dev", "proc", "sys", "tmp", "moddeb")]
+    return entries + [
+        chardev_entry("dev/console", 5, 1),
+        chardev_entry("dev/null", 1, 3),
+        file_entry("bin/busybox", busybox.read_bytes(), executable=True),
+        symlink_entry("bin/sh", "busybox"),
+        file_entry("init", init_script.encode(), executable=True),
+    ]
+
+
+LDD_LINE = re.compile(r"^\s*(?:(?P<name>\S+)\s+=>\s+)?(?P<path>\S+)(?:\s+\(0x[0-9a-f]+\))?\s*$")
+
+
+def shared_libraries(binary: Path) -> list[Path]:
+    """The shared libraries and the dynamic loader a host binary needs, as ldd names them
+    ([] for a static binary)."""
+    proc = subprocess.run(["ldd", str(binary)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        if "not a dynamic executable" in proc.stdout + proc.stderr:
+            return []
+        raise InvalidInput(f"ldd cannot read {binary}: {(proc.stderr or proc.stdout).strip()}")
+    found: list[Path] = []
+    for line in proc.stdout.splitlines():
+        if "=> not found" in line:
+            raise InvalidInput(f"{binary} needs {line.split()[0]}, which this host lacks")
+        m = LDD_LINE.match(line)
+        if m and m.group("path").startswith("/") and Path(m.group("path")) not in found:
+            found.append(Path(m.group("path")))
+    return found
+
+
+def host_binary_entries(
+    binary: Path, taken: Iterable[str] = (), dest: str | None = None
+) -> list[CpioEntry]:
+    """A host binary (at dest, else its own path) and every library it needs, resolved from
+    symlinks, at the paths ldd gives; with the parent directories `taken` does not hold."""
+    files = [(dest or str(binary), binary), *((str(p), p) for p in shared_libraries(binary))]
+    have = set(taken)
+    entries: list[CpioEntry] = []
+    for where, path in files:
+        name = where.lstrip("/")
+        for parent in reversed(Path(name).parents[:-1]):  # outermost first; [-1] is "."
+            if str(parent) not in have:
+                have.add(str(parent))
+                entries.append(dir_entry(str(parent)))
+        if name not in have:
+            have.add(name)
+            entries.append(file_entry(name, path.resolve().read_bytes(), executable=True))
+    return entries
