@@ -290,6 +290,14 @@ class Pipeline:
     def _build_bpf(self, fetched: FetchedSource) -> None:
         """BPF programs: compile, check, verify and package (builder.bpf)."""
         req = self.request
+        verifiers = None
+        if req.boot_test and req.kernels:
+            # The verifier of every target kernel, under QEMU, after the host's (if allowed).
+            from builder.bpf import host_verifier
+            from builder.bpf_boot import qemu_verifiers
+
+            host = host_verifier(self.settings)
+            verifiers = [*([host] if host else []), *qemu_verifiers(self.settings, req.kernels)]
         with self.stage("bpf"):
             result = build_bpf(
                 self.settings,
@@ -303,6 +311,7 @@ class Pipeline:
                 origin=fetched.origin,
                 date_epoch=fetched.date_epoch,
                 labels={"moddeb.job": req.job_id},
+                verifiers=verifiers,
             )
             self.report.name, self.report.version = result.name, result.version
             self.report.upstream_version = result.upstream_version
@@ -318,7 +327,10 @@ class Pipeline:
             if result.status != "built":
                 raise BuildFailed(result.diagnosis)
         if req.kernels:
-            self.progress(f"[{req.job_id}] BPF objects are CO-RE: no per-kernel packages")
+            self.progress(
+                f"[{req.job_id}] BPF objects are CO-RE: one package serves every kernel"
+                + ("; each kernel's verifier checked them" if req.boot_test else "")
+            )
 
     def _build_kernels(self) -> None:
         """Per-kernel module packages; filled in by builder.mkbmdeb."""

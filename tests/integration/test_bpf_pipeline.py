@@ -43,3 +43,33 @@ def test_bpf_source_is_recognised_and_packaged_by_the_cli(settings, base_image, 
     ]
     checks = {c["name"]: c["status"] for c in report["bpf"]["checks"]}
     assert checks and "failed" not in checks.values(), checks
+
+
+def test_bpf_boot_test_checks_each_target_kernels_verifier(settings, base_image, tmp_path):
+    """With --boot-test and kernels, every target kernel's verifier loads the objects."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "builder.cli",
+            "build",
+            str(EXAMPLES / "xdp-sport-random"),
+            "--kernel",
+            "6.1.0-57-amd64",
+            "--kernel",
+            "6.12.117+deb12-amd64",
+            "--boot-test",
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+        env={"MODDEB_HOME": str(settings.home), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    checks = json.loads(proc.stdout)["bpf"]["checks"]
+    qemu = [c["detail"] for c in checks if c["name"] == "verifier" and "under QEMU" in c["detail"]]
+    assert len(qemu) == 2 and all("loaded sport_random" in d for d in qemu), checks
