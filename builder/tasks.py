@@ -392,8 +392,9 @@ def run_build_kernel(settings: Settings, build_id: int, kernel_release: str) -> 
             if ok and boot is not None:
                 boot_line = f"boot test {boot.status}: {boot.diagnosis}"
                 add_event(s, build_id, "kernel", f"{kernel_release}: {boot_line}")
+                diagnosis = boot_line  # the matrix cell shows the boot test's verdict
                 if boot.status != "passed" and settings.require_boot_test:
-                    ok, diagnosis = False, boot_line
+                    ok = False
             kj.state = "succeeded" if ok else "failed"
             kj.diagnosis = diagnosis
             kj.duration = result.duration

@@ -590,7 +590,7 @@ def test_a_kernel_whose_boot_test_fails_is_not_published(env: Any) -> None:
         b = s.get(Build, build_id)
         states = {k.kernel_release: (k.state, k.diagnosis) for k in b.kernels}
         assert b.state == "failed"
-    assert states["6.1.0-57-amd64"] == ("succeeded", "")
+    assert states["6.1.0-57-amd64"] == ("succeeded", "boot test passed: loaded hello")
     assert states["6.12.117+deb12-amd64"][0] == "failed"
     assert "boot test failed: insmod hello failed" in states["6.12.117+deb12-amd64"][1]
     assert env.rec.published == [[DKMS_DEB, "hello-modules-6.1.0-57-amd64_1.0-1_amd64.deb"]]
