@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import logging
 import lzma
 import re
@@ -12,7 +13,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cmp_to_key
 from pathlib import Path
 
@@ -126,6 +127,23 @@ def fetch_index(settings: Settings, mirror: str, suite: str, arch: str) -> Path:
 
 
 def parse_index(path: Path, suite: str) -> list[KernelInfo]:
+    """Kernel ABIs in one Packages index, remembered beside it until the index changes."""
+    memo = path.with_name(path.name + ".kernels.json")
+    stamp = f"{path.stat().st_mtime_ns}:{path.stat().st_size}:{suite}"
+    try:
+        saved = json.loads(memo.read_text())
+        if saved["stamp"] == stamp:
+            return [KernelInfo(**row) for row in saved["kernels"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no memo yet, or an unreadable one: parse the index
+    kernels = _parse_index(path, suite)
+    tmp = memo.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"stamp": stamp, "kernels": [asdict(k) for k in kernels]}))
+    tmp.replace(memo)
+    return kernels
+
+
+def _parse_index(path: Path, suite: str) -> list[KernelInfo]:
     """Kernel ABIs in one Packages index: linux-headers-KVER with a matching linux-image."""
     headers: dict[str, KernelInfo] = {}
     images: set[str] = set()

@@ -162,3 +162,15 @@ def test_lintian_output_is_split() -> None:
     """Errors and warnings are told apart."""
     errors, warnings = parse_lintian("E: p: no-copyright-file\nW: p: x\nN: note\n")
     assert errors == ["E: p: no-copyright-file"] and warnings == ["W: p: x"]
+
+
+def test_parsed_catalog_is_remembered_until_the_index_changes(tmp_path: Path) -> None:
+    """A second read comes from the memo; a changed index is parsed again."""
+    index = tmp_path / "Packages"
+    index.write_text(PACKAGES)
+    first = parse_index(index, "bookworm")
+    assert (tmp_path / "Packages.kernels.json").is_file()
+    assert parse_index(index, "bookworm") == first
+    index.write_text(PACKAGES + "\nPackage: linux-image-6.1.0-59-amd64\nVersion: 6.1.161-1\n")
+    releases = {k.kernel_release for k in parse_index(index, "bookworm")}
+    assert releases == {"6.1.0-57-amd64", "6.1.0-58-cloud-amd64", "6.1.0-59-amd64"}
