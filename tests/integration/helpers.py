@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from builder.config import Settings
@@ -48,3 +50,15 @@ def run_in(runner: Runner, image: str, script: str, debs: list[Path], tmp: Path)
         inputs={"/build/in": inbox},
     )
     return result.exit_code, log.read_text(errors="replace")
+
+
+def run_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess:
+    """Run the `moddeb` command line as a user would, on this test's MODDEB_HOME."""
+    return subprocess.run(
+        [sys.executable, "-m", "builder.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1200,
+        env={"MODDEB_HOME": str(settings.home), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )

@@ -3,32 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .helpers import EXAMPLES, KERNEL_61, ROOT
+from .helpers import EXAMPLES, KERNEL_61, run_cli
 
 pytestmark = pytest.mark.docker
-
-
-def _moddeb(settings, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "builder.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=1200,
-        env={"MODDEB_HOME": str(settings.home), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-    )
 
 
 def test_module_whose_init_fails_is_caught_and_not_published(settings, base_image, tmp_path: Path):
     """failinit builds, its boot test fails with insmod's error, and --publish skips it."""
     out = tmp_path / "out"
-    proc = _moddeb(
+    proc = run_cli(
         settings,
         "build",
         str(EXAMPLES / "failinit"),
@@ -46,7 +33,7 @@ def test_module_whose_init_fails_is_caught_and_not_published(settings, base_imag
     assert kernel["boot"]["status"] == "failed"
     assert "No such device" in kernel["boot"]["diagnosis"], kernel["boot"]
     assert "not publishing" in proc.stderr
-    listed = _moddeb(settings, "repo", "list", "--json")
+    listed = run_cli(settings, "repo", "list", "--json")
     packages = [row["package"] for row in json.loads(listed.stdout)]
     assert "failinit-dkms" in packages
     assert f"failinit-modules-{KERNEL_61}" not in packages
@@ -55,7 +42,7 @@ def test_module_whose_init_fails_is_caught_and_not_published(settings, base_imag
 def test_module_that_loads_is_published_after_its_boot_test(settings, base_image, tmp_path: Path):
     """hello boots, loads, and its package is published with the -dkms one."""
     out = tmp_path / "out"
-    proc = _moddeb(
+    proc = run_cli(
         settings,
         "build",
         str(EXAMPLES / "hello"),
@@ -68,6 +55,6 @@ def test_module_that_loads_is_published_after_its_boot_test(settings, base_image
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "passed" in proc.stdout
-    listed = _moddeb(settings, "repo", "list", "--json")
+    listed = run_cli(settings, "repo", "list", "--json")
     packages = {row["package"] for row in json.loads(listed.stdout)}
     assert {"hello-dkms", f"hello-modules-{KERNEL_61}"} <= packages

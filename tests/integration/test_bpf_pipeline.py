@@ -3,35 +3,24 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .helpers import EXAMPLES, ROOT
+from .helpers import EXAMPLES, run_cli
 
 pytestmark = pytest.mark.docker
 
 
 def test_bpf_source_is_recognised_and_packaged_by_the_cli(settings, base_image, tmp_path: Path):
     """`moddeb build` on the XDP example reports kind bpf, its checks, and NAME-bpf packages."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "builder.cli",
-            "build",
-            str(EXAMPLES / "xdp-sport-random"),
-            "--out",
-            str(tmp_path / "out"),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=900,
-        env={"MODDEB_HOME": str(settings.home), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    proc = run_cli(
+        settings,
+        "build",
+        str(EXAMPLES / "xdp-sport-random"),
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -47,27 +36,18 @@ def test_bpf_source_is_recognised_and_packaged_by_the_cli(settings, base_image, 
 
 def test_bpf_boot_test_checks_each_target_kernels_verifier(settings, base_image, tmp_path):
     """With --boot-test and kernels, every target kernel's verifier loads the objects."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "builder.cli",
-            "build",
-            str(EXAMPLES / "xdp-sport-random"),
-            "--kernel",
-            "6.1.0-57-amd64",
-            "--kernel",
-            "6.12.117+deb12-amd64",
-            "--boot-test",
-            "--out",
-            str(tmp_path / "out"),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=900,
-        env={"MODDEB_HOME": str(settings.home), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    proc = run_cli(
+        settings,
+        "build",
+        str(EXAMPLES / "xdp-sport-random"),
+        "--kernel",
+        "6.1.0-57-amd64",
+        "--kernel",
+        "6.12.117+deb12-amd64",
+        "--boot-test",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     checks = json.loads(proc.stdout)["bpf"]["checks"]
