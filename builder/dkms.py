@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import BuildFailed
-from builder.runner import Limits, Runner
+from builder.runner import BUILD_UID, Limits, Runner
 
 # dpkg-buildpackage writes results beside the tree; move them where moddeb pulls from.
 BUILD_SCRIPT = """\
@@ -177,6 +177,7 @@ def _build(
         outputs={"/build/out": staging},
         env={"LC_ALL": "C.UTF-8", "HOME": "/build"},
         labels=job_labels,
+        uid=BUILD_UID,  # Rules-Requires-Root: no, so no root and no capabilities at all
     )
     if not result.ok:
         text = log_path.read_text(encoding="utf-8", errors="replace")

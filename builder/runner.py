@@ -25,6 +25,9 @@ LABEL = "moddeb"
 # What an untrusted build keeps of root's powers: enough to write files it owns
 # and for dpkg/dkms to set modes, nothing to touch the network or the host.
 BUILD_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID"]
+# Steps that need no root (dpkg-buildpackage with Rules-Requires-Root: no, lintian) run as
+# this uid, with no capabilities at all.
+BUILD_UID = 1000
 
 
 @dataclass
@@ -68,20 +71,31 @@ def limits_from(settings: Settings) -> Limits:
     return Limits(settings.container_memory, settings.container_pids, settings.step_timeout)
 
 
-def _tar_of(inputs: dict[str, Path]) -> bytes:
-    """Pack host directories into one tar whose members land at the given container paths."""
+def _tar_of(inputs: dict[str, Path], uid: int = 0) -> bytes:
+    """Pack host directories into one tar whose members land at the given container paths.
+
+    Everything, including the parent directories of each destination, belongs to uid in
+    the container (root by default), whoever owns it here.
+    """
+
+    def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = uid
+        info.uname = info.gname = ""
+        return info
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
+        parents: set[str] = set()
+        for dest in sorted(inputs):
+            parts = dest.strip("/").split("/")[:-1]
+            parents.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+        for parent in sorted(parents):
+            info = tarfile.TarInfo(parent)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(owned(info))
         for dest, src in sorted(inputs.items()):
-            tar.add(str(src), arcname=dest.strip("/"), filter=_root_owned)
+            tar.add(str(src), arcname=dest.strip("/"), filter=owned)
     return buf.getvalue()
-
-
-def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    """Files pushed into a build belong to root there, whoever owns them here."""
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    return info
 
 
 class Runner:
@@ -200,8 +214,12 @@ class Runner:
         env: dict[str, str] | None = None,
         workdir: str | None = None,
         labels: dict[str, str] | None = None,
+        uid: int = 0,
     ) -> StepResult:
-        """Run an untrusted step with no network; push `inputs`, pull `outputs` after it ends."""
+        """Run an untrusted step with no network; push `inputs`, pull `outputs` after it ends.
+
+        uid 0 keeps the few capabilities dkms needs; any other uid runs with none.
+        """
         return self._run(
             name,
             image,
@@ -214,6 +232,7 @@ class Runner:
             env=env,
             workdir=workdir,
             labels=labels,
+            uid=uid,
         )
 
     def _run(
@@ -231,6 +250,7 @@ class Runner:
         workdir: str | None = None,
         labels: dict[str, str] | None = None,
         commit: tuple[str, dict[str, str]] | None = None,
+        uid: int = 0,
     ) -> StepResult:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
@@ -250,11 +270,12 @@ class Runner:
                 # Preparation steps are moddeb's own trusted scripts (apt needs its
                 # usual powers); everything else is untrusted and gets the minimum.
                 cap_drop=None if network else ["ALL"],
-                cap_add=None if network else BUILD_CAPS,
+                cap_add=None if network or uid else BUILD_CAPS,
                 security_opt=None if network else ["no-new-privileges"],
+                user=f"{uid}:{uid}" if uid else None,
             )
             if inputs:
-                container.put_archive("/", _tar_of(inputs))
+                container.put_archive("/", _tar_of(inputs, uid))
             container.start()
             pump = threading.Thread(target=_pump_logs, args=(container, log_path), daemon=True)
             pump.start()

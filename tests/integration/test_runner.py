@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.runner import Limits
+from builder.runner import BUILD_UID, Limits
 
 pytestmark = pytest.mark.docker
 
@@ -73,3 +73,29 @@ def test_failed_step_keeps_its_log_and_removes_its_container(runner, base_image,
         all=True, filters={"label": f"moddeb.owner={runner.owner}"}
     )
     assert not [c for c in leftovers if c.labels.get("moddeb.step") == "probe"]
+
+
+def test_unprivileged_step_runs_as_its_uid_with_no_capabilities(runner, base_image, tmp_path):
+    """A uid step (the -dkms package build) is not root, has no capabilities, owns /build."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "f").write_text("x")
+    log = tmp_path / "step.log"
+    result = runner.run_step(
+        "probe",
+        base_image,
+        [
+            "/bin/sh",
+            "-c",
+            "id -u; grep CapEff /proc/self/status; stat -c %u /build /build/in/f;"
+            " touch /build/new && echo wrote",
+        ],
+        log_path=log,
+        limits=Limits(),
+        inputs={"/build/in": tmp_path / "in"},
+        uid=BUILD_UID,
+    )
+    text = log.read_text()
+    assert result.ok, text
+    assert text.splitlines()[0] == str(BUILD_UID)
+    assert int(text.split("CapEff:")[1].split()[0], 16) == 0
+    assert text.splitlines()[2:5] == [str(BUILD_UID), str(BUILD_UID), "wrote"]
