@@ -31,7 +31,7 @@ from builder.detect import (
 from builder.dkms import first_error_line, sha256_file
 from builder.errors import BuildFailed, InvalidInput, ModdebError
 from builder.kernels import build_arch
-from builder.runner import Runner, limits_from
+from builder.runner import BUILD_UID, Runner, limits_from
 
 log = logging.getLogger(__name__)
 
@@ -242,8 +242,9 @@ def _compile(
         limits=limits_from(settings),
         inputs=inputs,
         outputs={"/build/out": outbox},
-        env={"LC_ALL": "C.UTF-8"},
+        env={"LC_ALL": "C.UTF-8", "HOME": "/build"},
         labels=labels,
+        uid=BUILD_UID,  # clang and bpftool gen need no root
     )
     if not step.ok:
         why = (
