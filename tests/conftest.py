@@ -29,14 +29,35 @@ def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("moddeb-home")
 
 
+def settings_sharing_cache(home: Path, shared_home: Path) -> Settings:
+    """Settings on a home of their own whose cache is the test session's shared one."""
+    s = load_settings(env={"MODDEB_HOME": str(home)})
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "cache").symlink_to(shared_home)
+    return s
+
+
+def require_vm() -> None:
+    """Skip (or fail in CI) unless QEMU and a static busybox are there to boot test kernels."""
+    import shutil
+
+    from builder.errors import ModdebError
+    from builder.initramfs import DEFAULT_BUSYBOX, check_static
+
+    if not shutil.which("qemu-system-x86_64"):
+        _require("qemu-system-x86_64", "apt-get install qemu-system-x86")
+    try:
+        check_static(DEFAULT_BUSYBOX)
+    except ModdebError as exc:
+        _require("a static busybox", str(exc))
+
+
 @pytest.fixture
 def settings(tmp_path: Path, shared_home: Path) -> Iterator[Settings]:
     """Settings with work dirs in tmp_path and caches shared across the session."""
     from builder.signing import stop_agent
 
-    s = load_settings(env={"MODDEB_HOME": str(tmp_path / "home")})
-    s.home.mkdir(parents=True)
-    (s.home / "cache").symlink_to(shared_home)
+    s = settings_sharing_cache(tmp_path / "home", shared_home)
     yield s
     stop_agent(s)  # a publish starts a gpg-agent for the repository key: leave none behind
 

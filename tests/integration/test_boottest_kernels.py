@@ -10,10 +10,9 @@ import pytest
 
 from builder import boottest
 from builder.boottest import BootRequest, boot_many, ensure_kernel
-from builder.config import Settings, load_settings
+from builder.config import Settings
 from builder.errors import ModdebError
-from builder.initramfs import DEFAULT_BUSYBOX, check_static
-from tests.conftest import _require
+from tests.conftest import _require, require_vm, settings_sharing_cache
 
 from .helpers import KERNEL_61, KERNEL_612, kernels
 
@@ -21,16 +20,8 @@ from .helpers import KERNEL_61, KERNEL_612, kernels
 @pytest.fixture(scope="module")
 def boot_settings(shared_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """Settings with the session's shared cache; skips (or fails in CI) without QEMU/busybox."""
-    if not shutil.which("qemu-system-x86_64"):
-        _require("qemu-system-x86_64", "apt-get install qemu-system-x86")
-    try:
-        check_static(DEFAULT_BUSYBOX)
-    except ModdebError as exc:
-        _require("a static busybox", str(exc))
-    home = tmp_path_factory.mktemp("boot-home")
-    s = load_settings(env={"MODDEB_HOME": str(home)})
-    (home / "cache").symlink_to(shared_home)
-    return s
+    require_vm()
+    return settings_sharing_cache(tmp_path_factory.mktemp("boot-home"), shared_home)
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import pytest
 
 from builder.bpf import BpfResult, build_bpf
 from builder.bpf_image import ensure_bpf_image
-from builder.config import load_settings
 from builder.runner import Limits
+from tests.conftest import settings_sharing_cache
 
 from ..conftest import _require
 from .helpers import EXAMPLES, KERNEL_61
@@ -41,10 +41,7 @@ char LICENSE[] SEC("license") = "GPL";
 @pytest.fixture(scope="module")
 def bpf_settings(shared_home: Path, tmp_path_factory: pytest.TempPathFactory):
     """Settings for this file's builds, with the session's image caches."""
-    home = tmp_path_factory.mktemp("bpf-home")
-    s = load_settings(env={"MODDEB_HOME": str(home)})
-    (home / "cache").symlink_to(shared_home)
-    return s
+    return settings_sharing_cache(tmp_path_factory.mktemp("bpf-home"), shared_home)
 
 
 @pytest.fixture(scope="module")

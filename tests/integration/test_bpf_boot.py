@@ -12,10 +12,9 @@ from builder.boottest import ensure_kernel
 from builder.bpf import build_bpf
 from builder.bpf_boot import qemu_verifiers, verify_in_kernel
 from builder.bpf_checks import BpfCheck
-from builder.config import Settings, load_settings
+from builder.config import Settings
 from builder.errors import ModdebError
-from builder.initramfs import DEFAULT_BUSYBOX, check_static
-from tests.conftest import _require
+from tests.conftest import _require, require_vm, settings_sharing_cache
 
 from .helpers import EXAMPLES, KERNEL_61, KERNEL_612, kernels
 from .test_bpf import BAD_PACKET_READ
@@ -27,18 +26,10 @@ pytestmark = pytest.mark.docker  # the objects are compiled in moddeb's BPF imag
 def vm_settings(shared_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """Settings with the session's shared cache; skips (or fails in CI) without QEMU,
     a static busybox or bpftool."""
-    if not shutil.which("qemu-system-x86_64"):
-        _require("qemu-system-x86_64", "apt-get install qemu-system-x86")
-    try:
-        check_static(DEFAULT_BUSYBOX)
-    except ModdebError as exc:
-        _require("a static busybox", str(exc))
+    require_vm()
     if not any(Path(p).is_file() for p in ("/usr/sbin/bpftool", "/sbin/bpftool")):
         _require("bpftool", "apt-get install bpftool")
-    home = tmp_path_factory.mktemp("bpf-boot-home")
-    s = load_settings(env={"MODDEB_HOME": str(home)})
-    (home / "cache").symlink_to(shared_home)
-    return s
+    return settings_sharing_cache(tmp_path_factory.mktemp("bpf-boot-home"), shared_home)
 
 
 @pytest.fixture(scope="module")

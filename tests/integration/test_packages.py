@@ -13,6 +13,7 @@ from debian.debfile import DebFile
 
 from builder import images
 from builder.config import load_settings
+from tests.conftest import settings_sharing_cache
 
 from .helpers import EXAMPLES, KERNEL_61, KERNEL_612, build, run_in
 
@@ -22,10 +23,7 @@ pytestmark = pytest.mark.docker
 @pytest.fixture(scope="module")
 def module_settings(shared_home: Path, tmp_path_factory: pytest.TempPathFactory):
     """Settings whose module cache is shared by this file's builds."""
-    home = tmp_path_factory.mktemp("pkg-home")
-    s = load_settings(env={"MODDEB_HOME": str(home)})
-    (home / "cache").symlink_to(shared_home)
-    return s
+    return settings_sharing_cache(tmp_path_factory.mktemp("pkg-home"), shared_home)
 
 
 @pytest.fixture(scope="module")
