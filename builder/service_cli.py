@@ -21,7 +21,6 @@ from typing import Any
 
 from builder.config import Settings, load_settings
 from builder.errors import InvalidInput, ModdebError
-from builder.store import BUILD_QUEUE, PUBLISH_QUEUE, is_embedded, open_store
 
 log = logging.getLogger(__name__)
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -41,7 +40,7 @@ def add_service_parsers(sub: Any) -> None:
         help="also run a build worker (auto: only when no broker is configured)",
     )
     w = sub.add_parser("worker", help="run a build worker (Celery)")
-    w.add_argument("--queues", default=BUILD_QUEUE, help=f"queues to consume ({BUILD_QUEUE})")
+    w.add_argument("--queues", help="queues to consume (default: the build queue)")
     w.add_argument("--concurrency", type=int, help="tasks at once (default: setting jobs)")
     w.add_argument("--pool", default="threads", choices=["threads", "prefork", "solo"])
     w.add_argument("--recover", action="store_true", help="also re-queue work whose worker died")
@@ -58,6 +57,7 @@ def add_service_parsers(sub: Any) -> None:
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     """`moddeb token create NAME`: print a new API token (stored only as a hash)."""
+    from builder.store import open_store  # sqlalchemy: loaded by these commands only
     from web.auth import create_token
 
     name = args.name.strip()
@@ -69,6 +69,7 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_user(args: argparse.Namespace, settings: Settings) -> int:
     """`moddeb user create NAME`: add an operator with a password (prompted or from stdin)."""
+    from builder.store import open_store  # sqlalchemy: loaded by these commands only
     from web.auth import create_user
 
     name = args.name.strip()
@@ -90,10 +91,15 @@ def cmd_user(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     """`moddeb worker`: consume build tasks (or the publish queue) until stopped."""
     from builder import tasks
+    from builder.store import (  # sqlalchemy: loaded by these commands only
+        BUILD_QUEUE,
+        PUBLISH_QUEUE,
+        open_store,
+    )
 
     app = tasks.configure(settings)
     open_store(settings)
-    queues = [q for q in args.queues.split(",") if q]
+    queues = [q for q in (args.queues or BUILD_QUEUE).split(",") if q]
     unknown = set(queues) - {BUILD_QUEUE, PUBLISH_QUEUE}
     if not queues or unknown:
         raise InvalidInput(
@@ -193,6 +199,13 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """`moddeb serve`: the web app under gunicorn, the publisher and (embedded) a build worker."""
     from gunicorn.app.base import BaseApplication
 
+    from builder.store import (  # sqlalchemy: loaded by these commands only
+        BUILD_QUEUE,
+        PUBLISH_QUEUE,
+        is_embedded,
+        open_store,
+    )
+
     host, port = _listen(args, settings)
     open_store(settings)
     me = [sys.executable, "-m", "builder.service_cli"]
@@ -225,6 +238,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _announce(host: str, port: int, settings: Settings) -> None:
+    from builder.store import is_embedded  # sqlalchemy: loaded by these commands only
+
     shown = f"[{host}]" if ":" in host else host
     url = (
         settings.public_url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else shown}:{port}"
